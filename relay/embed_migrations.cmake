@@ -1,0 +1,13 @@
+# Writes a C++ file holding every schema/NNN_name.sql as a raw string, in version order.
+file(GLOB files ${SCHEMA_DIR}/[0-9]*.sql)
+list(SORT files)
+set(body "")
+foreach(f IN LISTS files)
+  get_filename_component(name ${f} NAME_WE)
+  string(REGEX MATCH "^[0-9]+" version ${name})
+  math(EXPR version "${version}")
+  file(READ ${f} sql)
+  string(APPEND body "    {${version}, \"${name}\", R\"outbox_sql(${sql})outbox_sql\"},\n")
+endforeach()
+file(WRITE ${OUT}.tmp "// Generated from schema/*.sql by relay/embed_migrations.cmake. Do not edit.\n#include \"postgres/migrations.hpp\"\n\nnamespace outbox::pg {\nconst std::vector<Migration>& embedded_migrations() {\n  static const std::vector<Migration> kMigrations{\n${body}  };\n  return kMigrations;\n}\n}  // namespace outbox::pg\n")
+file(COPY_FILE ${OUT}.tmp ${OUT} ONLY_IF_DIFFERENT)

@@ -1,0 +1,143 @@
+#include "app/run.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <future>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "core/bell.hpp"
+#include "core/health.hpp"
+#include "core/loop.hpp"
+#include "core/runner.hpp"
+#include "log/log.hpp"
+#include "postgres/listener.hpp"
+#include "postgres/pg_store.hpp"
+#include "sinks/factory.hpp"
+#include "version.hpp"
+
+namespace outbox::app {
+namespace {
+
+std::string default_instance_id() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
+  std::mt19937 rng{std::random_device{}()};
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "%06x", static_cast<unsigned>(rng() & 0xffffff));
+  return std::string(host) + "-" + std::to_string(getpid()) + "-" + suffix;
+}
+
+}  // namespace
+
+std::string database_password(const std::string& url) {
+  static const std::regex kUri("^[a-z]+://[^:/@]*:([^@]*)@.*$");
+  static const std::regex kKeyword("(^|\\s)password\\s*=\\s*('([^']*)'|(\\S+))");
+  std::smatch m;
+  if (std::regex_match(url, m, kUri)) return m[1].str();
+  if (std::regex_search(url, m, kKeyword)) return m[3].matched ? m[3].str() : m[4].str();
+  static const std::regex kQuery("[?&]password=([^&]*)");
+  if (std::regex_search(url, m, kQuery)) return m[1].str();
+  return {};
+}
+
+void register_secrets(const config::Config& config) {
+  log::add_secret(database_password(config.database.url));
+  if (const char* env = std::getenv("PGPASSWORD")) log::add_secret(env);
+}
+
+int run_relay(const config::Config& config) {
+  // Stop signals are taken by sigtimedwait on this thread only, never by a handler.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const std::string instance_id = config.relay.instance_id.empty() ? default_instance_id() : config.relay.instance_id;
+  log::info("starting outbox-relay", {{"version", kVersion}, {"instance_id", instance_id}, {"config", config::describe(config)}});
+
+  std::vector<std::unique_ptr<Sink>> owned_sinks;
+  std::vector<Sink*> sinks;
+  for (const auto& s : config.sinks) {
+    owned_sinks.push_back(sinks::make_sink(s));
+    sinks.push_back(owned_sinks.back().get());
+  }
+  std::vector<Route> routes;
+  for (const auto& r : config.routes) {
+    Route route{r.topics, {}};
+    for (const auto& name : r.sinks) {
+      for (std::size_t i = 0; i < config.sinks.size(); ++i) {
+        if (config.sinks[i].name == name) route.sinks.push_back(i);
+      }
+    }
+    routes.push_back(std::move(route));
+  }
+  const Router router(std::move(routes), sinks.size());
+
+  Bell bell;
+  Health health;
+  Metrics metrics;  // Prometheus metrics plug in here
+  SystemClock clock;
+  std::mt19937_64 rng{std::random_device{}()};
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  auto jitter = [&] { return uniform(rng); };  // loop thread only
+
+  pg::PgStoreOptions store_options{config.database.url, config.database.table, instance_id, config.relay.lease,
+                                   config.relay.on_success == config::OnSuccess::kDelete};
+  pg::PgStore store(store_options);
+  RelayLoop loop(store, sinks, router, clock, metrics,
+                 LoopOptions{config.relay.batch_size, config.relay.max_attempts, config.relay.backoff}, jitter);
+  RunnerOptions runner_options;
+  runner_options.sweep_interval = config.relay.sweep_interval;
+  runner_options.rebalance_interval = config.relay.rebalance_interval;
+  Runner runner(loop, store, bell, metrics, health, runner_options, jitter);
+
+  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, runner_options.reconnect);
+  listener.start();
+  std::promise<void> finished;
+  auto loop_done = finished.get_future();
+  std::thread loop_thread([&] {
+    runner.run();
+    finished.set_value();
+  });
+
+  int exit_code = 0;
+  timespec tick{0, 200'000'000};
+  while (!bell.stopped()) {
+    const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+    if (sig == SIGTERM || sig == SIGINT) {
+      log::info("stop signal received, finishing the batch in flight",
+                {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
+                 {"timeout_ms", config.relay.shutdown_timeout.count()}});
+      bell.stop();
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + config.relay.shutdown_timeout;
+  if (loop_done.wait_until(deadline - std::chrono::milliseconds(500)) != std::future_status::ready) {
+    // A sink is stuck past the bound: release this instance's leases from a fresh session so a
+    // peer takes the rows at once, then leave without waiting for the sink.
+    log::warn("batch in flight did not finish within the shutdown timeout; releasing its leases");
+    pg::PgStore rescue(store_options);
+    rescue.release_leases();
+    log::info("stopped", {{"exit_code", exit_code}});
+    std::fflush(nullptr);
+    _exit(exit_code);
+  }
+  loop_thread.join();
+  for (Sink* s : sinks) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    s->flush(std::max(left, std::chrono::milliseconds{100}));
+  }
+  store.release_leases();
+  store.disconnect();
+  listener.join();  // the LISTEN thread ends because the bell is stopped
+  log::info("stopped", {{"exit_code", exit_code}});
+  return exit_code;
+}
+
+}  // namespace outbox::app

@@ -1,0 +1,16 @@
+#pragma once
+#include "config/config.hpp"
+
+namespace outbox::app {
+
+// Runs the relay until SIGTERM/SIGINT (exit code 0) or a fatal error (non-zero). Blocks.
+// Must be called before any other thread exists: it blocks the stop signals process-wide.
+int run_relay(const config::Config& config);
+
+// Registers the database password (and other secrets in the config) with the log redactor.
+void register_secrets(const config::Config& config);
+
+// The password part of a libpq URL or key=value connection string; empty if none.
+std::string database_password(const std::string& url);
+
+}  // namespace outbox::app

@@ -1,0 +1,201 @@
+#include "config/config.hpp"
+
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "config/duration.hpp"
+
+namespace outbox::config {
+namespace {
+
+// Sink types: how each parses its own keys. Add a line per sink type.
+struct SinkType {
+  const char* name;
+  std::function<SinkSettings(Section&)> parse;
+};
+
+const std::vector<SinkType>& sink_table() {
+  static const std::vector<SinkType> kTypes{
+      {"stdout", [](Section& s) -> SinkSettings { return sinks::parse_stdout_sink(s); }},
+      {"file", [](Section& s) -> SinkSettings { return sinks::parse_file_sink(s); }},
+  };
+  return kTypes;
+}
+
+DatabaseConfig parse_database(Section& s) {
+  DatabaseConfig c;
+  c.url = s.string_or("url", "");
+  c.channel = s.string_or("channel", c.channel);
+  c.table = s.string_or("table", c.table);
+  static const std::regex kIdentifier("[a-z_][a-z0-9_]{0,62}");
+  static const std::regex kTable("([a-z_][a-z0-9_]{0,62}\\.)?[a-z_][a-z0-9_]{0,62}");
+  if (!std::regex_match(c.channel, kIdentifier)) {
+    throw ConfigError(s.key_path("channel") + ": expected a lower-case SQL identifier, got '" + c.channel + "'");
+  }
+  if (!std::regex_match(c.table, kTable)) {
+    throw ConfigError(s.key_path("table") + ": expected a lower-case table name (optionally schema.table), got '" +
+                      c.table + "'");
+  }
+  s.finish();
+  return c;
+}
+
+RelaySection parse_relay(Section& s) {
+  RelaySection c;
+  c.batch_size = static_cast<std::size_t>(s.integer_or("batch_size", static_cast<long long>(c.batch_size), 1, 10'000));
+  c.lease = s.duration_or("lease", c.lease);
+  c.sweep_interval = s.duration_or("sweep_interval", c.sweep_interval);
+  c.max_attempts = static_cast<int>(s.integer_or("max_attempts", c.max_attempts, 1, 1'000'000));
+  if (auto b = s.section("backoff")) {
+    c.backoff.initial = b->duration_or("initial", c.backoff.initial);
+    c.backoff.max = b->duration_or("max", c.backoff.max);
+    if (c.backoff.max < c.backoff.initial) {
+      throw ConfigError(b->key_path("max") + ": must not be shorter than " + b->key_path("initial"));
+    }
+    b->finish();
+  }
+  c.on_success = s.choice_or("on_success", "mark", {"mark", "delete"}) == "delete" ? OnSuccess::kDelete
+                                                                                 : OnSuccess::kMark;
+  c.shutdown_timeout = s.duration_or("shutdown_timeout", c.shutdown_timeout);
+  c.rebalance_interval = s.duration_or("rebalance_interval", c.rebalance_interval);
+  c.instance_id = s.string_or("instance_id", "");
+  for (const auto& [key, value] : {std::pair{"lease", c.lease}, {"sweep_interval", c.sweep_interval},
+                                   {"rebalance_interval", c.rebalance_interval}}) {
+    if (value < std::chrono::milliseconds{100}) {
+      throw ConfigError(s.key_path(key) + ": must be at least 100ms, got " + format_duration(value));
+    }
+  }
+  s.finish();
+  return c;
+}
+
+HttpConfig parse_http(Section& s) {
+  HttpConfig c;
+  c.enabled = s.boolean_or("enabled", c.enabled);
+  c.listen = s.string_or("listen", c.listen);
+  static const std::regex kListen("(\\[[0-9a-fA-F:.]+\\]|[A-Za-z0-9.-]+):[0-9]{1,5}");
+  if (!std::regex_match(c.listen, kListen)) {
+    throw ConfigError(s.key_path("listen") + ": expected host:port such as 127.0.0.1:9187, got '" + c.listen + "'");
+  }
+  s.finish();
+  return c;
+}
+
+SinkConfig parse_sink(Section& s, std::set<std::string>& names) {
+  SinkConfig c;
+  c.name = s.required_string("name");
+  static const std::regex kName("[A-Za-z0-9_.-]{1,64}");
+  if (!std::regex_match(c.name, kName)) {
+    throw ConfigError(s.key_path("name") + ": expected letters, digits, '_', '-' or '.', got '" + c.name + "'");
+  }
+  if (!names.insert(c.name).second) {
+    throw ConfigError(s.key_path("name") + ": duplicate sink name '" + c.name + "'");
+  }
+  c.type = s.choice_or("type", "", sink_types());
+  if (c.type.empty()) throw ConfigError(s.key_path("type") + ": required, expected one of: stdout, file");
+  for (const auto& t : sink_table()) {
+    if (c.type == t.name) c.settings = t.parse(s);
+  }
+  s.finish();
+  return c;
+}
+
+}  // namespace
+
+std::vector<std::string> sink_types() {
+  std::vector<std::string> names;
+  for (const auto& t : sink_table()) names.emplace_back(t.name);
+  return names;
+}
+
+Config parse_config(const std::string& yaml_text, const EnvLookup& env,
+                    const std::string& database_url_override) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(std::string("config: not valid YAML: ") + e.what());
+  }
+  Section top(root, "", env);
+  Config c;
+  if (auto s = top.section("database")) c.database = parse_database(*s);
+  if (auto s = top.section("relay")) c.relay = parse_relay(*s);
+  if (auto s = top.section("http")) c.http = parse_http(*s);
+  if (auto s = top.section("log")) {
+    c.log_level = s->choice_or("level", c.log_level, {"debug", "info", "warn", "error"});
+    s->finish();
+  }
+  std::set<std::string> names;
+  for (auto& s : top.section_list("sinks")) c.sinks.push_back(parse_sink(s, names));
+  for (auto& s : top.section_list("routes")) {
+    RouteConfig r;
+    r.topics = s.string_list("topics");
+    r.sinks = s.string_list("sinks");
+    if (r.topics.empty()) throw ConfigError(s.key_path("topics") + ": expected a non-empty list of topic patterns");
+    if (r.sinks.empty()) throw ConfigError(s.key_path("sinks") + ": expected a non-empty list of sink names");
+    for (std::size_t i = 0; i < r.sinks.size(); ++i) {
+      if (!names.count(r.sinks[i])) {
+        throw ConfigError(s.key_path("sinks") + "[" + std::to_string(i) + "]: unknown sink '" + r.sinks[i] +
+                          "' (sinks defined: " + [&] {
+                            std::string all;
+                            for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+                            return all;
+                          }() + ")");
+      }
+    }
+    s.finish();
+    c.routes.push_back(std::move(r));
+  }
+  top.finish();
+
+  if (!database_url_override.empty()) {
+    c.database.url = database_url_override;
+  } else if (c.database.url.empty()) {
+    c.database.url = env("DATABASE_URL").value_or("");
+  }
+  if (c.database.url.empty()) {
+    throw ConfigError("database.url: required, but missing (set it in the file, pass --database-url or set DATABASE_URL)");
+  }
+  return c;
+}
+
+Config load_config(const std::string& path, const EnvLookup& env, const std::string& database_url_override) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError("--config: cannot read " + path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return parse_config(buf.str(), env, database_url_override);
+}
+
+nlohmann::json describe(const Config& c) {
+  nlohmann::json sinks = nlohmann::json::array();
+  for (const auto& s : c.sinks) {
+    nlohmann::json j{{"name", s.name}, {"type", s.type}};
+    if (const auto* f = std::get_if<sinks::FileSinkConfig>(&s.settings)) {
+      j["path"] = f->path;
+      j["fsync"] = f->fsync;
+    }
+    sinks.push_back(std::move(j));
+  }
+  nlohmann::json routes = nlohmann::json::array();
+  for (const auto& r : c.routes) routes.push_back({{"topics", r.topics}, {"sinks", r.sinks}});
+  return {
+      {"database", {{"url", "*****"}, {"channel", c.database.channel}, {"table", c.database.table}}},
+      {"relay",
+       {{"batch_size", c.relay.batch_size},
+        {"lease", format_duration(c.relay.lease)},
+        {"sweep_interval", format_duration(c.relay.sweep_interval)},
+        {"max_attempts", c.relay.max_attempts},
+        {"backoff", {{"initial", format_duration(c.relay.backoff.initial)}, {"max", format_duration(c.relay.backoff.max)}}},
+        {"on_success", c.relay.on_success == OnSuccess::kDelete ? "delete" : "mark"},
+        {"shutdown_timeout", format_duration(c.relay.shutdown_timeout)},
+        {"rebalance_interval", format_duration(c.relay.rebalance_interval)}}},
+      {"http", {{"enabled", c.http.enabled}, {"listen", c.http.listen}}},
+      {"sinks", sinks},
+      {"routes", routes}};
+}
+
+}  // namespace outbox::config

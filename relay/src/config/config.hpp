@@ -1,0 +1,75 @@
+#pragma once
+// The relay's configuration, parsed once into typed structs. Defaults live in the members.
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "config/section.hpp"
+#include "core/backoff.hpp"
+#include "sinks/file/file_config.hpp"
+
+namespace outbox::config {
+
+struct DatabaseConfig {
+  std::string url;  // secret: never logged unmasked
+  std::string channel = "outbox_wakeup";
+  std::string table = "outbox_events";
+};
+
+enum class OnSuccess { kMark, kDelete };
+
+struct RelaySection {
+  std::size_t batch_size = 500;
+  std::chrono::milliseconds lease{60'000};
+  std::chrono::milliseconds sweep_interval{30'000};
+  int max_attempts = 20;
+  BackoffPolicy backoff{std::chrono::milliseconds{1000}, std::chrono::milliseconds{300'000}};
+  OnSuccess on_success = OnSuccess::kMark;
+  std::chrono::milliseconds shutdown_timeout{10'000};
+  std::chrono::milliseconds rebalance_interval{5'000};
+  std::string instance_id;  // empty: hostname-pid-random
+};
+
+struct HttpConfig {
+  bool enabled = true;
+  std::string listen = "127.0.0.1:9187";
+};
+
+using SinkSettings = std::variant<sinks::StdoutSinkConfig, sinks::FileSinkConfig>;
+
+struct SinkConfig {
+  std::string name;
+  std::string type;
+  SinkSettings settings;
+};
+
+struct RouteConfig {
+  std::vector<std::string> topics;
+  std::vector<std::string> sinks;
+};
+
+struct Config {
+  DatabaseConfig database;
+  RelaySection relay;
+  HttpConfig http;
+  std::string log_level = "info";
+  std::vector<SinkConfig> sinks;
+  std::vector<RouteConfig> routes;
+};
+
+// Parses YAML text. `database_url_override` (from --database-url) wins over the file; the
+// DATABASE_URL variable fills database.url when neither gives one. Throws ConfigError.
+Config parse_config(const std::string& yaml_text, const EnvLookup& env,
+                    const std::string& database_url_override = {});
+Config load_config(const std::string& path, const EnvLookup& env,
+                   const std::string& database_url_override = {});
+
+// The sink types this build knows, for error messages.
+std::vector<std::string> sink_types();
+
+// The effective configuration as JSON for the startup log, secrets masked.
+nlohmann::json describe(const Config& config);
+
+}  // namespace outbox::config

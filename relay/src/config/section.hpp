@@ -1,0 +1,67 @@
+#pragma once
+// Typed, strict reading of one YAML mapping: every value is ${ENV}-interpolated, every error
+// names the full key path and what was expected, and finish() rejects keys nobody read.
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace outbox::config {
+
+// Bad configuration: the message names the key. The CLI prints it and exits 2.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Looks up an environment variable; nullopt when unset. Injected so tests need no setenv.
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+EnvLookup process_env();
+
+// Replaces ${NAME}, ${NAME:-default} and ${file:/path} (the file's content, trailing newlines
+// trimmed) in text. `key` names the value in errors.
+std::string interpolate(const std::string& text, const std::string& key, const EnvLookup& env);
+
+class Section {
+ public:
+  Section(YAML::Node node, std::string path, const EnvLookup& env);
+
+  const std::string& path() const { return path_; }
+  bool has(const std::string& key) const;
+
+  std::string required_string(const std::string& key);
+  std::string string_or(const std::string& key, std::string fallback);
+  std::optional<std::string> optional_string(const std::string& key);
+  long long integer_or(const std::string& key, long long fallback, long long min, long long max);
+  bool boolean_or(const std::string& key, bool fallback);
+  std::chrono::milliseconds duration_or(const std::string& key, std::chrono::milliseconds fallback);
+  // One of `allowed`; the error lists them.
+  std::string choice_or(const std::string& key, std::string fallback,
+                        const std::vector<std::string>& allowed);
+  std::vector<std::string> string_list(const std::string& key);  // absent: empty
+  std::map<std::string, std::string> string_map(const std::string& key);  // absent: empty
+  std::optional<Section> section(const std::string& key);  // absent: nullopt
+  std::vector<Section> section_list(const std::string& key);  // absent: empty
+
+  // Throws ConfigError naming the first key that no getter asked for.
+  void finish() const;
+
+  std::string key_path(const std::string& key) const;
+
+ private:
+  YAML::Node scalar(const std::string& key);
+  std::string text(const YAML::Node& node, const std::string& key_path) const;
+
+  YAML::Node node_;
+  std::string path_;
+  const EnvLookup& env_;
+  std::set<std::string> seen_;
+};
+
+}  // namespace outbox::config

@@ -1,0 +1,13 @@
+#pragma once
+// Liveness facts shared between the loop, the LISTEN thread and the HTTP thread.
+#include <atomic>
+
+namespace outbox {
+
+struct Health {
+  std::atomic<bool> store_up{false};     // the work session is connected
+  std::atomic<bool> listener_up{false};  // the LISTEN session is connected and listening
+  std::atomic<bool> loop_running{false}; // the loop thread is inside its run loop
+};
+
+}  // namespace outbox

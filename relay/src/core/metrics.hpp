@@ -1,0 +1,24 @@
+#pragma once
+// What the loop reports. The Prometheus implementation lives in http/; the default does nothing.
+#include <cstddef>
+#include <string>
+
+namespace outbox {
+
+enum class WakeSource { kNotify, kSweep, kRetry, kStartup };
+
+class Metrics {
+ public:
+  virtual ~Metrics() = default;
+  virtual void claimed(std::size_t /*events*/, double /*seconds*/) {}
+  virtual void published(const std::string& /*sink*/, std::size_t /*events*/, double /*seconds*/) {}
+  virtual void delivered(const std::string& /*sink*/, double /*commit_to_ack_seconds*/) {}
+  virtual void retried(const std::string& /*sink*/) {}
+  virtual void dead_lettered(const std::string& /*sink*/) {}
+  virtual void wakeup(WakeSource /*source*/) {}
+  virtual void reconnected() {}
+  virtual void ready(bool /*is_ready*/) {}
+  virtual void lanes_owned(int /*count*/) {}
+};
+
+}  // namespace outbox

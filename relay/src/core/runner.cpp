@@ -1,0 +1,92 @@
+#include "core/runner.hpp"
+
+#include <algorithm>
+
+#include "log/log.hpp"
+
+namespace outbox {
+
+Runner::Runner(RelayLoop& loop, Store& store, Bell& bell, Metrics& metrics, Health& health,
+               RunnerOptions options, std::function<double()> jitter01)
+    : loop_(loop),
+      store_(store),
+      bell_(bell),
+      metrics_(metrics),
+      health_(health),
+      options_(options),
+      jitter01_(std::move(jitter01)) {}
+
+void Runner::drain() {
+  bell_.clear();  // rings from here on wake the next wait: nothing committed later is missed
+  const std::size_t full = loop_.options().batch_size;
+  while (!bell_.stopped()) {
+    const BatchResult r = loop_.run_once();
+    if (r.retried + r.dead_lettered > 0) {
+      log::debug("batch done", {{"claimed", r.claimed}, {"delivered", r.delivered},
+                                {"retried", r.retried}, {"dead_lettered", r.dead_lettered}});
+    }
+    if (r.claimed < full) break;
+  }
+}
+
+void Runner::run() {
+  using Steady = std::chrono::steady_clock;
+  auto now = Steady::now();
+  auto next_sweep = now + options_.sweep_interval;
+  auto next_rebalance = now;
+  int failures = 0;
+  bool drain_needed = true;  // catch up at start
+  health_.loop_running = true;
+
+  while (!bell_.stopped()) {
+    try {
+      store_.connect();
+      if (failures > 0) {
+        metrics_.reconnected();
+        log::info("database session restored", {{"after_attempts", failures}});
+        failures = 0;
+        drain_needed = true;
+      }
+      health_.store_up = true;
+      loop_.flush_pending();
+      now = Steady::now();
+      if (now >= next_rebalance) {
+        if (store_.rebalance()) drain_needed = true;
+        next_rebalance = now + options_.rebalance_interval;
+      }
+      if (drain_needed) drain();
+      if (bell_.stopped()) break;
+
+      auto deadline = std::min(next_sweep, next_rebalance);
+      if (auto due = loop_.next_retry_due()) deadline = std::min(deadline, *due);
+      const auto source = bell_.wait_until(deadline);
+      if (bell_.stopped()) break;
+      now = Steady::now();
+      drain_needed = false;
+      if (source) {
+        metrics_.wakeup(*source);
+        drain_needed = true;
+      }
+      if (now >= next_sweep) {
+        if (!drain_needed) metrics_.wakeup(WakeSource::kSweep);
+        drain_needed = true;
+        next_sweep = now + options_.sweep_interval;
+      }
+      if (auto due = loop_.next_retry_due(); due && *due <= now) {
+        if (!drain_needed) metrics_.wakeup(WakeSource::kRetry);
+        drain_needed = true;
+      }
+    } catch (const StoreUnavailable& e) {
+      health_.store_up = false;
+      ++failures;
+      const auto delay = backoff_delay(options_.reconnect, failures, jitter01_());
+      log::warn("database unavailable, will retry",
+                {{"error", e.what()}, {"attempt", failures}, {"retry_in_ms", delay.count()}});
+      if (!bell_.sleep_until(Steady::now() + delay)) break;
+      drain_needed = true;
+    }
+  }
+  health_.loop_running = false;
+}
+
+}  // namespace outbox

@@ -1,0 +1,54 @@
+#pragma once
+// The sink seam: a batch in, one outcome per event out.
+#include <chrono>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/event.hpp"
+
+namespace outbox {
+
+enum class OutcomeKind {
+  kDelivered,  // the downstream acknowledged (Kafka delivery report, HTTP 2xx, fsync)
+  kRetry,      // try again after backoff (or after retry_after, capped by the backoff max)
+  kPermanent,  // will never succeed: dead-letter with reason
+  kDeferred,   // not attempted, because an earlier event of the same key failed in this batch
+};
+
+struct Outcome {
+  OutcomeKind kind = OutcomeKind::kRetry;
+  std::string reason;  // for kRetry/kPermanent: what went wrong, stored in last_error
+  std::optional<std::chrono::milliseconds> retry_after;
+
+  static Outcome delivered() { return {OutcomeKind::kDelivered, {}, std::nullopt}; }
+  static Outcome retry(std::string why,
+                       std::optional<std::chrono::milliseconds> after = std::nullopt) {
+    return {OutcomeKind::kRetry, std::move(why), after};
+  }
+  static Outcome permanent(std::string why) {
+    return {OutcomeKind::kPermanent, std::move(why), std::nullopt};
+  }
+  static Outcome deferred() { return {OutcomeKind::kDeferred, "blocked by an earlier event of the same key", std::nullopt}; }
+};
+
+const char* to_string(OutcomeKind kind);
+
+// A destination for events. publish() blocks until every event has an outcome; it never throws
+// for downstream failures (those are outcomes). Events arrive in id order. Per-key order is the
+// sink's duty within a batch: once an event of key K gets kRetry, the later events of K in the
+// same batch must not be delivered (report them kDeferred, or kRetry if they were tried).
+// Called from the loop thread only.
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual const std::string& name() const = 0;
+  virtual std::vector<Outcome> publish(std::span<const Event* const> events) = 0;
+  // Whether the sink can currently accept events (for /readyz). Cheap, thread-safe.
+  virtual bool usable() const { return true; }
+  // Push out anything buffered; called at shutdown. Bounded by timeout.
+  virtual void flush(std::chrono::milliseconds /*timeout*/) {}
+};
+
+}  // namespace outbox

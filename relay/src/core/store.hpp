@@ -1,0 +1,49 @@
+#pragma once
+// The store seam: the outbox table as the loop sees it.
+#include <chrono>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/event.hpp"
+
+namespace outbox {
+
+// The database is unreachable or the session was lost. The runner reconnects with backoff.
+class StoreUnavailable : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Completion {
+  enum class Kind {
+    kDelivered,    // every routed sink acknowledged: processed_at = now() (or delete)
+    kRetry,        // attempts + 1, next attempt after delay, last_error
+    kDeadLetter,   // attempts + 1, dead_lettered_at = now(), last_error
+    kRelease,      // not attempted: clear the lease, attempts unchanged
+  };
+  EventId id = 0;
+  Kind kind = Kind::kDelivered;
+  std::chrono::milliseconds delay{0};
+  std::string error;
+  std::vector<std::string> sinks_done;  // the complete new set, when partly delivered
+};
+
+// Called from the loop thread only. Every method may throw StoreUnavailable.
+class Store {
+ public:
+  virtual ~Store() = default;
+  // Opens the session if it is not open (a no-op when it is). Throws StoreUnavailable.
+  virtual void connect() {}
+  // Re-divides the ordering lanes among the live instances. Returns true when this instance
+  // gained lanes, which the runner then catches up.
+  virtual bool rebalance() { return false; }
+  // Leases and returns up to limit due events of the lanes this instance owns, in id order,
+  // committed before returning (no transaction stays open while sinks work).
+  virtual std::vector<Event> claim(std::size_t limit) = 0;
+  // Applies the outcomes of a claimed batch in one transaction.
+  virtual void complete(std::span<const Completion> completions) = 0;
+};
+
+}  // namespace outbox

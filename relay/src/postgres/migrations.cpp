@@ -1,0 +1,59 @@
+#include "postgres/migrations.hpp"
+
+#include <stdexcept>
+
+#include "postgres/pg_store.hpp"
+#include "postgres/session.hpp"
+
+namespace outbox::pg {
+namespace {
+
+void replace_all(std::string& text, const std::string& from, const std::string& to) {
+  for (std::size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos + to.size())) {
+    text.replace(pos, from.size(), to);
+  }
+}
+
+}  // namespace
+
+std::string render_migration(const std::string& sql, const std::string& table, const std::string& channel) {
+  const std::string name = table_name_only(table);
+  std::string prefix = name;
+  const std::string suffix = "_events";
+  if (prefix.size() > suffix.size() && prefix.ends_with(suffix)) prefix.resize(prefix.size() - suffix.size());
+  std::string out = sql;
+  replace_all(out, "{{table}}", table);
+  replace_all(out, "{{name}}", name);
+  replace_all(out, "{{prefix}}", prefix);
+  replace_all(out, "{{channel}}", channel);
+  return out;
+}
+
+MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel) {
+  try {
+    auto conn = open_session(url, "migrate");
+    pqxx::work tx(*conn);
+    tx.exec_params("SELECT pg_advisory_xact_lock($1)", advisory_key("outbox-relay:migrate"));
+    tx.exec0(
+        "CREATE TABLE IF NOT EXISTS outbox_schema_migrations ("
+        "  table_name text NOT NULL, version integer NOT NULL, name text NOT NULL,"
+        "  applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (table_name, version))");
+    MigrateResult result;
+    const auto done = tx.exec_params("SELECT coalesce(max(version), 0) FROM outbox_schema_migrations WHERE table_name = $1", table);
+    result.current_version = done[0][0].as<int>();
+    for (const auto& m : embedded_migrations()) {
+      if (m.version <= result.current_version) continue;
+      tx.exec(render_migration(m.sql, table, channel));
+      tx.exec_params("INSERT INTO outbox_schema_migrations (table_name, version, name) VALUES ($1, $2, $3)", table,
+                     m.version, std::string(m.name));
+      result.applied.emplace_back(m.name);
+      result.current_version = m.version;
+    }
+    tx.commit();
+    return result;
+  } catch (const std::exception& e) {
+    throw std::runtime_error("migrate failed: " + describe_error(e));
+  }
+}
+
+}  // namespace outbox::pg

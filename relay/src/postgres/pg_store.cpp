@@ -1,0 +1,274 @@
+#include "postgres/pg_store.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "log/log.hpp"
+#include "postgres/session.hpp"
+
+namespace outbox::pg {
+
+int advisory_key(const std::string& text) {
+  std::uint32_t h = 2166136261u;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return static_cast<int>(h & 0x7fffffff);
+}
+
+struct PgStore::Impl {
+  PgStoreOptions opt;
+  std::unique_ptr<pqxx::connection> conn;
+  int member_ns = 0;
+  int lane_ns = 0;
+  int member_id = 0;
+  std::set<int> owned;
+  std::atomic<int> owned_count{0};
+  std::string owned_literal = "{}";
+  std::mt19937 rng{std::random_device{}()};
+
+  std::string claim_sql, mark_sql, delete_sql, fail_sql;
+
+  void set_owned(std::set<int> lanes) {
+    owned = std::move(lanes);
+    owned_count = static_cast<int>(owned.size());
+    std::vector<int> v(owned.begin(), owned.end());
+    owned_literal = int_array(v.data(), v.data() + v.size());
+  }
+
+  void drop() {
+    conn.reset();
+    set_owned({});
+  }
+};
+
+PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->opt = std::move(options);
+  const std::string& t = impl_->opt.table;
+  impl_->member_ns = advisory_key("outbox-relay:members:" + t);
+  impl_->lane_ns = advisory_key("outbox-relay:lanes:" + t);
+
+  // One statement: choose due, unleased rows of our lanes in id order, skipping rows locked by a
+  // concurrent claim or operator tool, and not overtaking an earlier event of the same key that
+  // waits for a retry (head-of-line per key); lease them; commit at once.
+  impl_->claim_sql =
+      "UPDATE " + t + " AS e SET lease_owner = $1, lease_until = now() + $2 * interval '1 millisecond' "
+      "FROM (SELECT c.id FROM " + t + " AS c "
+      "       WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
+      "         AND c.next_attempt_at <= now() "
+      "         AND (c.lease_until IS NULL OR c.lease_until < now()) "
+      "         AND c.lane = ANY($3::smallint[]) "
+      "         AND NOT EXISTS (SELECT 1 FROM " + t + " AS b "
+      "                          WHERE b.aggregate_id = c.aggregate_id AND b.id < c.id "
+      "                            AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL "
+      "                            AND b.attempts > 0 AND b.next_attempt_at > now()) "
+      "       ORDER BY c.id LIMIT $4 FOR UPDATE SKIP LOCKED) AS s "
+      "WHERE e.id = s.id "
+      "RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, "
+      "  to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
+      "  (extract(epoch FROM e.created_at) * 1000000)::int8, e.attempts, e.sinks_done";
+  impl_->mark_sql = "UPDATE " + t +
+                    " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
+                    "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL";
+  impl_->delete_sql = "DELETE FROM " + t + " WHERE id = ANY($1::bigint[])";
+  impl_->fail_sql =
+      "UPDATE " + t + " AS e SET "
+      "  attempts = e.attempts + CASE WHEN r.kind = 'release' THEN 0 ELSE 1 END, "
+      "  next_attempt_at = CASE WHEN r.kind = 'retry' THEN now() + r.delay_ms * interval '1 millisecond' "
+      "                         ELSE e.next_attempt_at END, "
+      "  last_error = COALESCE(r.error, e.last_error), "
+      "  dead_lettered_at = CASE WHEN r.kind = 'dead' THEN now() ELSE NULL END, "
+      "  sinks_done = r.sinks_done, lease_owner = NULL, lease_until = NULL "
+      "FROM jsonb_to_recordset($1::jsonb) AS r(id bigint, kind text, delay_ms bigint, error text, sinks_done text[]) "
+      "WHERE e.id = r.id AND e.processed_at IS NULL";
+}
+
+PgStore::~PgStore() = default;
+
+int PgStore::lanes_owned() const { return impl_->owned_count.load(); }
+
+void PgStore::disconnect() { impl_->drop(); }
+
+void PgStore::connect() {
+  if (impl_->conn) return;
+  translate_errors("connect", [&] {
+    auto conn = open_session(impl_->opt.url, "worker");
+    conn->prepare("claim", impl_->claim_sql);
+    conn->prepare("mark", impl_->mark_sql);
+    conn->prepare("delete", impl_->delete_sql);
+    conn->prepare("fail", impl_->fail_sql);
+    // Membership: one advisory lock per live instance, counted by every peer in pg_locks.
+    pqxx::nontransaction tx(*conn);
+    std::uniform_int_distribution<int> pick(1, 0x7ffffffe);
+    for (int tries = 0;; ++tries) {
+      const int id = pick(impl_->rng);
+      if (tx.exec_params1("SELECT pg_try_advisory_lock($1, $2)", impl_->member_ns, id)[0].as<bool>()) {
+        impl_->member_id = id;
+        break;
+      }
+      if (tries > 100) throw StoreUnavailable("could not take a membership lock");
+    }
+    impl_->conn = std::move(conn);
+    impl_->set_owned({});
+  });
+}
+
+bool PgStore::rebalance() {
+  connect();
+  auto& im = *impl_;
+  try {
+    return translate_errors("rebalance", [&] {
+      pqxx::nontransaction tx(*im.conn);
+      const auto members = tx.exec_params(
+          "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted "
+          "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+          "AND classid::int8 = $1 ORDER BY objid",
+          im.member_ns);
+      int index = -1;
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        if (members[i][0].as<long long>() == im.member_id) index = static_cast<int>(i);
+      }
+      if (index < 0) throw StoreUnavailable("this instance's membership lock is gone");
+      const int n = static_cast<int>(members.size());
+      std::set<int> target;
+      for (int lane = index; lane < kLaneCount; lane += n) target.insert(lane);
+
+      std::vector<int> release, wanted;
+      std::set_difference(im.owned.begin(), im.owned.end(), target.begin(), target.end(), std::back_inserter(release));
+      std::set_difference(target.begin(), target.end(), im.owned.begin(), im.owned.end(), std::back_inserter(wanted));
+      std::set<int> owned = im.owned;
+      if (!release.empty()) {
+        tx.exec_params("SELECT pg_advisory_unlock($1, l) FROM unnest($2::int[]) AS l", im.lane_ns,
+                       int_array(release.data(), release.data() + release.size()));
+        for (int lane : release) owned.erase(lane);
+      }
+      std::vector<int> gained;
+      if (!wanted.empty()) {
+        const auto got = tx.exec_params("SELECT l FROM unnest($2::int[]) AS l WHERE pg_try_advisory_lock($1, l)",
+                                        im.lane_ns, int_array(wanted.data(), wanted.data() + wanted.size()));
+        for (const auto& row : got) gained.push_back(row[0].as<int>());
+      }
+      if (!gained.empty()) {
+        // Whoever held these lanes before has lost its lock (it died or handed them over between
+        // batches): its leases are stale, and keeping them would let later events of a key
+        // overtake the leased ones. Clear them so the rows are claimable now, in order.
+        tx.exec_params("UPDATE " + im.opt.table +
+                           " SET lease_owner = NULL, lease_until = NULL WHERE lane = ANY($1::smallint[]) "
+                           "AND processed_at IS NULL AND dead_lettered_at IS NULL AND lease_until IS NOT NULL",
+                       int_array(gained.data(), gained.data() + gained.size()));
+        owned.insert(gained.begin(), gained.end());
+      }
+      if (!release.empty() || !gained.empty()) {
+        log::info("ordering lanes rebalanced", {{"instances", n},
+                                                {"lanes_owned", owned.size()},
+                                                {"lanes_gained", gained.size()},
+                                                {"lanes_released", release.size()}});
+      }
+      im.set_owned(std::move(owned));
+      return !gained.empty();
+    });
+  } catch (const StoreUnavailable&) {
+    im.drop();
+    throw;
+  }
+}
+
+std::vector<Event> PgStore::claim(std::size_t limit) {
+  connect();
+  auto& im = *impl_;
+  if (im.owned.empty()) return {};
+  try {
+    return translate_errors("claim", [&] {
+      pqxx::work tx(*im.conn);
+      const auto rows = tx.exec_prepared("claim", im.opt.instance_id, static_cast<long long>(im.opt.lease.count()),
+                                         im.owned_literal, static_cast<long long>(limit));
+      tx.commit();
+      std::vector<Event> events;
+      events.reserve(rows.size());
+      for (const auto& row : rows) {
+        Event e;
+        e.id = row[0].as<long long>();
+        e.topic.assign(row[1].c_str(), row[1].size());
+        e.key.assign(row[2].c_str(), row[2].size());
+        e.payload.assign(row[3].c_str(), row[3].size());
+        e.headers_json.assign(row[4].c_str(), row[4].size());
+        e.created_at.assign(row[5].c_str(), row[5].size());
+        e.created_at_us = row[6].as<long long>();
+        e.attempts = row[7].as<int>();
+        if (row[8].size() > 2) {  // not "{}"
+          auto parser = row[8].as_array();
+          for (auto item = parser.get_next(); item.first != pqxx::array_parser::done; item = parser.get_next()) {
+            if (item.first == pqxx::array_parser::string_value) e.sinks_done.push_back(item.second);
+          }
+        }
+        events.push_back(std::move(e));
+      }
+      std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.id < b.id; });
+      return events;
+    });
+  } catch (const StoreUnavailable&) {
+    im.drop();
+    throw;
+  }
+}
+
+void PgStore::complete(std::span<const Completion> completions) {
+  if (completions.empty()) return;
+  connect();
+  auto& im = *impl_;
+  std::vector<long long> delivered;
+  nlohmann::json others = nlohmann::json::array();
+  for (const auto& c : completions) {
+    if (c.kind == Completion::Kind::kDelivered) {
+      delivered.push_back(c.id);
+      continue;
+    }
+    const char* kind = c.kind == Completion::Kind::kRetry ? "retry"
+                       : c.kind == Completion::Kind::kDeadLetter ? "dead"
+                                                                  : "release";
+    nlohmann::json item{{"id", c.id}, {"kind", kind}, {"delay_ms", c.delay.count()}, {"sinks_done", c.sinks_done}};
+    if (!c.error.empty()) item["error"] = c.error.substr(0, 2000);
+    others.push_back(std::move(item));
+  }
+  try {
+    translate_errors("complete", [&] {
+      pqxx::work tx(*im.conn);
+      if (!delivered.empty()) {
+        tx.exec_prepared(im.opt.delete_on_success ? "delete" : "mark",
+                         int_array(delivered.data(), delivered.data() + delivered.size()));
+      }
+      if (!others.empty()) {
+        tx.exec_prepared("fail", others.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      }
+      tx.commit();
+    });
+  } catch (const StoreUnavailable&) {
+    im.drop();
+    throw;
+  }
+}
+
+bool PgStore::release_leases() {
+  auto& im = *impl_;
+  try {
+    translate_errors("release leases", [&] {
+      if (!im.conn) im.conn = open_session(im.opt.url, "worker");
+      pqxx::nontransaction tx(*im.conn);
+      tx.exec_params("UPDATE " + im.opt.table +
+                         " SET lease_owner = NULL, lease_until = NULL "
+                         "WHERE lease_owner = $1 AND processed_at IS NULL AND dead_lettered_at IS NULL",
+                     im.opt.instance_id);
+    });
+    return true;
+  } catch (const StoreUnavailable& e) {
+    log::warn("could not release leases at shutdown; they expire on their own", {{"error", e.what()}});
+    im.drop();
+    return false;
+  }
+}
+
+}  // namespace outbox::pg

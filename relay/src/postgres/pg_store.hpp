@@ -1,0 +1,48 @@
+#pragma once
+// The outbox table in Postgres: claims with a lease and FOR UPDATE SKIP LOCKED, completes in one
+// transaction, and divides the 64 ordering lanes among live instances with advisory locks.
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/store.hpp"
+
+namespace outbox::pg {
+
+inline constexpr int kLaneCount = 64;  // fixed by the schema's lane column
+
+struct PgStoreOptions {
+  std::string url;
+  std::string table = "outbox_events";
+  std::string instance_id;
+  std::chrono::milliseconds lease{60'000};
+  bool delete_on_success = false;
+};
+
+// Loop thread only, except lanes_owned() (any thread).
+class PgStore final : public Store {
+ public:
+  explicit PgStore(PgStoreOptions options);
+  ~PgStore() override;
+
+  void connect() override;
+  bool rebalance() override;
+  std::vector<Event> claim(std::size_t limit) override;
+  void complete(std::span<const Completion> completions) override;
+
+  // Clears the leases this instance still holds (shutdown: peers take those rows at once).
+  // Best effort: logs and returns false when the database is unreachable.
+  bool release_leases();
+  // Closes the session, which releases every lane.
+  void disconnect();
+  int lanes_owned() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Deterministic 31-bit key for advisory locks, from a text (FNV-1a).
+int advisory_key(const std::string& text);
+
+}  // namespace outbox::pg

@@ -1,0 +1,16 @@
+#include "sinks/file/file_config.hpp"
+
+#include "config/section.hpp"
+
+namespace outbox::sinks {
+
+FileSinkConfig parse_file_sink(config::Section& section) {
+  FileSinkConfig c;
+  c.path = section.required_string("path");
+  c.fsync = section.boolean_or("fsync", c.fsync);
+  return c;
+}
+
+StdoutSinkConfig parse_stdout_sink(config::Section& /*section*/) { return {}; }
+
+}  // namespace outbox::sinks

@@ -1,0 +1,22 @@
+#pragma once
+#include <string>
+
+namespace outbox::config {
+class Section;
+}
+
+namespace outbox::sinks {
+
+// type: file. JSON Lines appended to path; fsynced before events count as delivered.
+struct FileSinkConfig {
+  std::string path;
+  bool fsync = true;  // false only for benchmarks of the rest of the pipeline
+};
+
+// type: stdout. JSON Lines on standard output, flushed per batch.
+struct StdoutSinkConfig {};
+
+FileSinkConfig parse_file_sink(config::Section& section);
+StdoutSinkConfig parse_stdout_sink(config::Section& section);
+
+}  // namespace outbox::sinks

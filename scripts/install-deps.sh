@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything outbox-relay needs to build and test on Debian bookworm.
+# Used by the README's commands, .ci/run and the Dockerfile. Idempotent.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+runtime_only=0
+[ "${1:-}" = "--runtime-build" ] && runtime_only=1
+
+pkgs=(build-essential cmake ninja-build pkg-config
+      libpqxx-dev libpq-dev librdkafka-dev nlohmann-json3-dev prometheus-cpp-dev doctest-dev
+      libcurl4-openssl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
+      libcpp-httplib-dev libssl-dev)
+if [ "$runtime_only" = 0 ]; then
+  pkgs+=(postgresql-15 python3 python3-venv openssl)
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ "$runtime_only" = 0 ]; then
+  # Python tooling for the integration tests, in a venv outside the repo.
+  venv="${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}"
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/tests/integration/requirements.txt"
+fi
