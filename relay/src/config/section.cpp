@@ -80,11 +80,11 @@ std::string Section::key_path(const std::string& key) const {
 
 bool Section::has(const std::string& key) const { return node_ && node_.IsMap() && node_[key]; }
 
-YAML::Node Section::scalar(const std::string& key) {
+std::optional<YAML::Node> Section::scalar(const std::string& key) {
   seen_.insert(key);
-  if (!has(key)) return YAML::Node();
+  if (!has(key)) return std::nullopt;
   YAML::Node value = node_[key];
-  if (value.IsNull()) return YAML::Node();
+  if (value.IsNull()) return std::nullopt;
   if (!value.IsScalar()) throw ConfigError(key_path(key) + ": expected a single value");
   return value;
 }
@@ -105,9 +105,9 @@ std::string Section::string_or(const std::string& key, std::string fallback) {
 }
 
 std::optional<std::string> Section::optional_string(const std::string& key) {
-  YAML::Node value = scalar(key);
+  auto value = scalar(key);
   if (!value) return std::nullopt;
-  return text(value, key_path(key));
+  return text(*value, key_path(key));
 }
 
 long long Section::integer_or(const std::string& key, long long fallback, long long min, long long max) {

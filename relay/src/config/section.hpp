@@ -55,7 +55,7 @@ class Section {
   std::string key_path(const std::string& key) const;
 
  private:
-  YAML::Node scalar(const std::string& key);
+  std::optional<YAML::Node> scalar(const std::string& key);  // nullopt: absent or null
   std::string text(const YAML::Node& node, const std::string& key_path) const;
 
   YAML::Node node_;

@@ -1,0 +1,146 @@
+#include <doctest/doctest.h>
+
+#include <map>
+#include <string>
+
+#include "config/config.hpp"
+
+using namespace outbox::config;
+using std::chrono::milliseconds;
+
+namespace {
+
+EnvLookup env_of(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+// The message of the ConfigError that parsing throws, or "" if it parses.
+std::string error_of(const std::string& yaml, std::map<std::string, std::string> vars = {}) {
+  try {
+    parse_config(yaml, env_of(std::move(vars)));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const char* kIssueExample = R"(
+database:
+  url: postgresql://relay@127.0.0.1:5432/app
+  channel: outbox_wakeup
+  table: outbox_events
+relay:
+  batch_size: 500
+  lease: 60s
+  sweep_interval: 30s
+  max_attempts: 20
+  backoff: { initial: 1s, max: 5m }
+  on_success: mark
+sinks:
+  - name: audit
+    type: file
+    path: /var/lib/outbox/events.jsonl
+routes:
+  - topics: ["order.*"]
+    sinks: [audit]
+)";
+
+}  // namespace
+
+TEST_CASE("the documented example parses into typed values") {
+  const Config c = parse_config(kIssueExample, env_of({}));
+  CHECK(c.database.url == "postgresql://relay@127.0.0.1:5432/app");
+  CHECK(c.database.channel == "outbox_wakeup");
+  CHECK(c.relay.batch_size == 500);
+  CHECK(c.relay.lease == milliseconds(60'000));
+  CHECK(c.relay.sweep_interval == milliseconds(30'000));
+  CHECK(c.relay.max_attempts == 20);
+  CHECK(c.relay.backoff.initial == milliseconds(1000));
+  CHECK(c.relay.backoff.max == milliseconds(300'000));
+  CHECK(c.relay.on_success == OnSuccess::kMark);
+  REQUIRE(c.sinks.size() == 1);
+  CHECK(c.sinks[0].name == "audit");
+  CHECK(c.sinks[0].type == "file");
+  CHECK(std::get<outbox::sinks::FileSinkConfig>(c.sinks[0].settings).path == "/var/lib/outbox/events.jsonl");
+  REQUIRE(c.routes.size() == 1);
+  CHECK(c.routes[0].topics == std::vector<std::string>{"order.*"});
+  CHECK(c.routes[0].sinks == std::vector<std::string>{"audit"});
+}
+
+TEST_CASE("defaults fill everything but the url and sinks") {
+  const Config c = parse_config("sinks: [{name: out, type: stdout}]", env_of({{"DATABASE_URL", "postgresql://x/db"}}));
+  CHECK(c.database.url == "postgresql://x/db");
+  CHECK(c.database.table == "outbox_events");
+  CHECK(c.database.channel == "outbox_wakeup");
+  CHECK(c.relay.batch_size == 500);
+  CHECK(c.relay.on_success == OnSuccess::kMark);
+  CHECK(c.http.listen == "127.0.0.1:9187");
+  CHECK(c.routes.empty());
+}
+
+TEST_CASE("--database-url wins over the file, DATABASE_URL only fills a gap") {
+  const std::string yaml = "database: {url: postgresql://file/db}\nsinks: [{name: o, type: stdout}]";
+  CHECK(parse_config(yaml, env_of({{"DATABASE_URL", "postgresql://env/db"}})).database.url == "postgresql://file/db");
+  CHECK(parse_config(yaml, env_of({}), "postgresql://flag/db").database.url == "postgresql://flag/db");
+}
+
+TEST_CASE("${ENV} interpolation works in every value, with defaults and files") {
+  const Config c = parse_config(
+      "database: {url: 'postgresql://relay:${PW}@${HOST:-localhost}/app'}\n"
+      "relay: {batch_size: '${BATCH}', lease: '${LEASE:-90s}'}\n"
+      "sinks: [{name: out, type: file, path: '${DIR}/events.jsonl'}]",
+      env_of({{"PW", "s3cret"}, {"BATCH", "250"}, {"DIR", "/data"}}));
+  CHECK(c.database.url == "postgresql://relay:s3cret@localhost/app");
+  CHECK(c.relay.batch_size == 250);
+  CHECK(c.relay.lease == milliseconds(90'000));
+  CHECK(std::get<outbox::sinks::FileSinkConfig>(c.sinks[0].settings).path == "/data/events.jsonl");
+}
+
+TEST_CASE("each bad config names its key and what was expected") {
+  const std::string sinks = "\nsinks: [{name: a, type: stdout}]";
+  const std::string url = "database: {url: postgresql://x/db}\n";
+  struct Case {
+    std::string yaml;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {url + "relay: {lease: 60}" + sinks, "relay.lease: expected a duration"},
+      {url + "relay: {sweep_interval: soon}" + sinks, "relay.sweep_interval: expected a duration"},
+      {url + "relay: {batch_size: 0}" + sinks, "relay.batch_size: expected a whole number from 1"},
+      {url + "relay: {batch_size: lots}" + sinks, "relay.batch_size: expected a whole number"},
+      {url + "relay: {on_success: archive}" + sinks, "relay.on_success: unsupported value 'archive', expected one of: mark, delete"},
+      {url + "relay: {backof: {initial: 1s}}" + sinks, "relay.backof: unknown key"},
+      {url + "relay: {backoff: {initial: 10s, max: 1s}}" + sinks, "relay.backoff.max: must not be shorter"},
+      {url + "relay: {lease: 10ms}" + sinks, "relay.lease: must be at least 100ms"},
+      {url + "databse: {}" + sinks, "databse: unknown key"},
+      {"database: {url: postgresql://x/db, tabel: t}" + sinks, "database.tabel: unknown key"},
+      {"database: {url: postgresql://x/db, table: 'Bad-Name'}" + sinks, "database.table: expected a lower-case table name"},
+      {"relay: {}" + sinks, "database.url: required"},
+      {url + "sinks: [{name: a, type: carrier-pigeon}]", "sinks[0].type: unsupported value 'carrier-pigeon'"},
+      {url + "sinks: [{name: a, type: file}]", "sinks[0].path: required"},
+      {url + "sinks: [{name: a, type: stdout, colour: red}]", "sinks[0].colour: unknown key"},
+      {url + "sinks: [{name: a, type: stdout}, {name: a, type: stdout}]", "sinks[1].name: duplicate sink name 'a'"},
+      {url + "sinks: [{name: a, type: stdout}]\nroutes: [{topics: ['x.*'], sinks: [b]}]", "routes[0].sinks[0]: unknown sink 'b'"},
+      {url + "sinks: [{name: a, type: stdout}]\nroutes: [{sinks: [a]}]", "routes[0].topics: expected a non-empty list"},
+      {url + "http: {listen: 9187}" + sinks, "http.listen: expected host:port"},
+      {"database: {url: '${NOPE}'}" + sinks, "database.url: environment variable NOPE is not set"},
+      {"database: {url: [a, b]}" + sinks, "database.url: expected a single value"},
+      {"database: [x" + sinks, "config: not valid YAML"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.yaml);
+    const std::string message = error_of(c.yaml);
+    CHECK_MESSAGE(message.find(c.expected) != std::string::npos, message);
+  }
+}
+
+TEST_CASE("describe masks the database url") {
+  const Config c = parse_config(kIssueExample, env_of({}));
+  const std::string text = describe(c).dump();
+  CHECK(text.find("postgresql://") == std::string::npos);
+  CHECK(text.find("\"batch_size\":500") != std::string::npos);
+}

@@ -1,0 +1,281 @@
+// The loop against a fake store, fake sinks and a fake clock: one thread, no sleeps.
+#include <doctest/doctest.h>
+
+#include <deque>
+#include <map>
+
+#include "core/loop.hpp"
+
+using namespace outbox;
+using std::chrono::milliseconds;
+using Kind = Completion::Kind;
+
+namespace {
+
+class FakeClock final : public Clock {
+ public:
+  SteadyTime now() const override { return t; }
+  std::int64_t wall_us() const override { return wall; }
+  SteadyTime t{};
+  std::int64_t wall = 1'000'000;
+};
+
+class FakeStore final : public Store {
+ public:
+  std::vector<Event> claim(std::size_t limit) override {
+    ++claims;
+    last_limit = limit;
+    if (batches.empty()) return {};
+    auto batch = std::move(batches.front());
+    batches.pop_front();
+    return batch;
+  }
+  void complete(std::span<const Completion> c) override {
+    if (fail_completes > 0) {
+      --fail_completes;
+      throw StoreUnavailable("connection lost");
+    }
+    completed.insert(completed.end(), c.begin(), c.end());
+  }
+  const Completion& of(EventId id) const {
+    for (const auto& c : completed) {
+      if (c.id == id) return c;
+    }
+    FAIL("no completion for id " << id);
+    static Completion none;
+    return none;
+  }
+  std::deque<std::vector<Event>> batches;
+  std::vector<Completion> completed;
+  int fail_completes = 0;
+  int claims = 0;
+  std::size_t last_limit = 0;
+};
+
+// Answers with a scripted outcome per event id (default: delivered) and records what it saw.
+class FakeSink final : public Sink {
+ public:
+  explicit FakeSink(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const override { return name_; }
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    std::vector<Outcome> out;
+    for (const Event* e : events) {
+      seen.push_back(e->id);
+      auto it = script.find(e->id);
+      out.push_back(it == script.end() ? Outcome::delivered() : it->second);
+    }
+    if (short_answer) out.pop_back();
+    return out;
+  }
+  std::map<EventId, Outcome> script;
+  std::vector<EventId> seen;
+  bool short_answer = false;
+
+ private:
+  std::string name_;
+};
+
+class CountingMetrics final : public Metrics {
+ public:
+  void delivered(const std::string& sink, double latency) override {
+    ++delivered_by[sink];
+    last_latency = latency;
+  }
+  void retried(const std::string& sink) override { ++retried_by[sink]; }
+  void dead_lettered(const std::string& sink) override { ++dead_by[sink]; }
+  std::map<std::string, int> delivered_by, retried_by, dead_by;
+  double last_latency = -1;
+};
+
+Event event(EventId id, std::string key = "k", std::string topic = "order.paid") {
+  Event e;
+  e.id = id;
+  e.topic = std::move(topic);
+  e.key = std::move(key);
+  e.payload = R"({"n":1})";
+  e.headers_json = "{}";
+  e.created_at_us = 500'000;
+  return e;
+}
+
+struct Fixture {
+  FakeStore store;
+  FakeSink a{"a"};
+  FakeSink b{"b"};
+  FakeClock clock;
+  CountingMetrics metrics;
+  LoopOptions options{500, 3, BackoffPolicy{milliseconds(100), milliseconds(2000)}};
+
+  RelayLoop make(const Router& router, std::vector<Sink*> sinks) {
+    return RelayLoop(store, std::move(sinks), router, clock, metrics, options, [] { return 0.0; });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a delivered batch is completed once, in id order, with commit-to-ack latency") {
+  Fixture f;
+  f.store.batches.push_back({event(1), event(2, "j"), event(3)});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  const auto r = loop.run_once();
+  CHECK(r.claimed == 3);
+  CHECK(r.delivered == 3);
+  CHECK(f.store.last_limit == 500);
+  CHECK(f.a.seen == std::vector<EventId>{1, 2, 3});
+  REQUIRE(f.store.completed.size() == 3);
+  for (const auto& c : f.store.completed) CHECK(c.kind == Kind::kDelivered);
+  CHECK(f.metrics.delivered_by["a"] == 3);
+  CHECK(f.metrics.last_latency == doctest::Approx(0.5));
+  CHECK_FALSE(loop.next_retry_due().has_value());
+}
+
+TEST_CASE("an empty claim publishes nothing") {
+  Fixture f;
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  CHECK(loop.run_once().claimed == 0);
+  CHECK(f.a.seen.empty());
+  CHECK(f.store.completed.empty());
+}
+
+TEST_CASE("retry backs off exponentially and dead-letters at max_attempts") {
+  Fixture f;
+  f.a.script[1] = Outcome::retry("broker down");
+  Event first = event(1);
+  Event third = event(1);
+  third.attempts = 2;  // this attempt is the 3rd = max_attempts
+  f.store.batches.push_back({first, event(2, "other")});
+  f.store.batches.push_back({third});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+
+  const auto r = loop.run_once();
+  CHECK(r.retried == 1);
+  CHECK(r.delivered == 1);
+  const Completion& c = f.store.of(1);
+  CHECK(c.kind == Kind::kRetry);
+  CHECK(c.delay == milliseconds(50));  // 100ms * 2^0, jitter 0 -> half
+  CHECK(c.error == "a: broker down");
+  REQUIRE(loop.next_retry_due().has_value());
+  CHECK(*loop.next_retry_due() == f.clock.t + milliseconds(50));
+  CHECK(f.metrics.retried_by["a"] == 1);
+
+  f.store.completed.clear();
+  loop.run_once();
+  const Completion& dead = f.store.of(1);
+  CHECK(dead.kind == Kind::kDeadLetter);
+  CHECK(dead.error == "gave up after 3 attempts: a: broker down");
+  CHECK(f.metrics.dead_by["a"] == 1);
+}
+
+TEST_CASE("a sink's Retry-After raises the delay, capped by the backoff max") {
+  Fixture f;
+  f.a.script[1] = Outcome::retry("429", milliseconds(1500));
+  f.a.script[2] = Outcome::retry("429", milliseconds(60'000));
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  loop.run_once();
+  CHECK(f.store.of(1).delay == milliseconds(1500));
+  CHECK(f.store.of(2).delay == milliseconds(2000));
+}
+
+TEST_CASE("permanent outcomes dead-letter at once; the rest of the batch flows") {
+  Fixture f;
+  f.a.script[2] = Outcome::permanent("message too large");
+  f.store.batches.push_back({event(1), event(2, "big"), event(3)});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  const auto r = loop.run_once();
+  CHECK(r.dead_lettered == 1);
+  CHECK(r.delivered == 2);
+  CHECK(f.store.of(2).kind == Kind::kDeadLetter);
+  CHECK(f.store.of(2).error == "a: message too large");
+  CHECK(f.store.of(1).kind == Kind::kDelivered);
+  CHECK(f.store.of(3).kind == Kind::kDelivered);
+}
+
+TEST_CASE("bad rows are dead-lettered by the loop without reaching a sink") {
+  Fixture f;
+  Event bad_headers = event(2);
+  bad_headers.headers_json = R"({"n": 1})";
+  Event unrouted = event(3, "k", "invoice.sent");
+  Event with_headers = event(4);
+  with_headers.headers_json = R"({"trace": "abc"})";
+  f.store.batches.push_back({event(1), bad_headers, unrouted, with_headers});
+  Router router({Route{{"order.*"}, {0}}}, 1);
+  auto loop = f.make(router, {&f.a});
+  loop.run_once();
+  CHECK(f.a.seen == std::vector<EventId>{1, 4});
+  CHECK(f.store.of(2).kind == Kind::kDeadLetter);
+  CHECK(f.store.of(2).error == "invalid event: header 'n' must be a string, got number");
+  CHECK(f.store.of(3).kind == Kind::kDeadLetter);
+  CHECK(f.store.of(3).error == "no route matches topic 'invoice.sent'");
+  CHECK(f.store.of(4).kind == Kind::kDelivered);
+  CHECK(f.metrics.dead_by["relay"] == 2);
+}
+
+TEST_CASE("several sinks: done when all acknowledged, a retry goes only to the sinks that have not") {
+  Fixture f;
+  f.b.script[1] = Outcome::retry("timeout");
+  f.store.batches.push_back({event(1)});
+  Router router({}, 2);
+  auto loop = f.make(router, {&f.a, &f.b});
+  loop.run_once();
+  const Completion& c = f.store.of(1);
+  CHECK(c.kind == Kind::kRetry);
+  CHECK(c.sinks_done == std::vector<std::string>{"a"});
+
+  // The retried row comes back with sinks_done = [a]: only b sees it again.
+  Event again = event(1);
+  again.attempts = 1;
+  again.sinks_done = {"a"};
+  f.b.script.clear();
+  f.store.batches.push_back({again});
+  f.store.completed.clear();
+  loop.run_once();
+  CHECK(f.a.seen == std::vector<EventId>{1});
+  CHECK(f.b.seen == std::vector<EventId>{1, 1});
+  CHECK(f.store.of(1).kind == Kind::kDelivered);
+}
+
+TEST_CASE("deferred events are released without counting an attempt") {
+  Fixture f;
+  f.a.script[1] = Outcome::retry("500");
+  f.a.script[2] = Outcome::deferred();
+  f.store.batches.push_back({event(1), event(2)});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  const auto r = loop.run_once();
+  CHECK(r.released == 1);
+  CHECK(f.store.of(1).kind == Kind::kRetry);
+  CHECK(f.store.of(2).kind == Kind::kRelease);
+}
+
+TEST_CASE("outcomes survive a lost session: applied after reconnect, nothing re-published") {
+  Fixture f;
+  f.store.fail_completes = 1;
+  f.store.batches.push_back({event(1), event(2)});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  CHECK_THROWS_AS(loop.run_once(), StoreUnavailable);
+  CHECK(f.store.completed.empty());
+  loop.flush_pending();
+  CHECK(f.store.completed.size() == 2);
+  CHECK(f.a.seen == std::vector<EventId>{1, 2});
+  loop.run_once();  // nothing left over: no second completion
+  CHECK(f.store.completed.size() == 2);
+}
+
+TEST_CASE("a sink answering with the wrong number of outcomes makes its events retry") {
+  Fixture f;
+  f.a.short_answer = true;
+  f.store.batches.push_back({event(1), event(2)});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  loop.run_once();
+  CHECK(f.store.of(1).kind == Kind::kRetry);
+  CHECK(f.store.of(2).kind == Kind::kRetry);
+  CHECK(f.store.of(2).error.find("sink returned 1 outcomes for 2 events") != std::string::npos);
+}
