@@ -1,6 +1,7 @@
 -- outbox-relay schema, version 1.
 -- Placeholders filled by `outbox-relay migrate`: {{table}} (possibly schema-qualified),
--- {{name}} (the bare table name, for index names), {{prefix}} (the bare name without a
+-- {{name}} (the bare table name, for index names), {{fence_tag}} (a 22-bit number
+-- derived from the table name, see the fence below), {{prefix}} (the bare name without a
 -- trailing "_events": outbox_events gives outbox_publish), {{channel}} (NOTIFY channel).
 -- The whole file runs in one transaction; the migrate command records the version afterwards.
 
@@ -38,6 +39,38 @@ CREATE INDEX IF NOT EXISTS {{name}}_dead_idx ON {{table}} (dead_lettered_at)
   WHERE dead_lettered_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS {{name}}_processed_idx ON {{table}} (processed_at)
   WHERE processed_at IS NOT NULL;
+
+-- The fence: per-key id order needs to know which ids may still appear. Ids come from a
+-- sequence when a row is inserted, but become visible at commit, so a committed id 447 may be
+-- followed by a commit of id 343 from a transaction that started earlier. Every transaction that
+-- inserts events therefore takes, before its first row gets an id, a shared transaction-level
+-- advisory lock whose key carries the sequence's last value L (all its ids will be > L). The relay
+-- reads those locks and publishes no id above the smallest such L while that writer is open, so
+-- no later-committing writer can slip an older id of a key behind a newer one. Shared locks never
+-- block writers; one lock per transaction (remembered in a transaction-local setting).
+-- Lock key: ({{fence_tag}} << 40) | L, for L < 2^40.
+-- The sequence's schema-qualified name is fixed into the function when it is created, because the
+-- function runs with a safe search_path (it is SECURITY DEFINER, so writers need no sequence grant).
+DO $create_fence$
+BEGIN
+  EXECUTE format($body$
+    CREATE OR REPLACE FUNCTION {{prefix}}_fence() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    BEGIN
+      IF current_setting('outbox_relay.fence_{{name}}', true) IS DISTINCT FROM 'on' THEN
+        PERFORM pg_advisory_xact_lock_shared(({{fence_tag}}::bigint << 40) |
+          (coalesce(pg_sequence_last_value(%L::regclass), 0) & 1099511627775));
+        PERFORM set_config('outbox_relay.fence_{{name}}', 'on', true);
+      END IF;
+      RETURN NULL;
+    END
+    $fn$ $body$, pg_get_serial_sequence('{{table}}', 'id'));
+END
+$create_fence$;
+
+DROP TRIGGER IF EXISTS {{prefix}}_fence ON {{table}};
+CREATE TRIGGER {{prefix}}_fence BEFORE INSERT ON {{table}}
+  FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}_fence();
 
 -- The bell, not the parcel: one empty notification per inserting statement. Postgres folds
 -- identical notifications of one transaction into one.

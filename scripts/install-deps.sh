@@ -13,6 +13,8 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libcpp-httplib-dev libssl-dev)
 if [ "$runtime_only" = 0 ]; then
   pkgs+=(postgresql-15 python3 python3-venv openssl)
+  # tests/ops/check-packaging.sh: `docker-compose config` validates docker-compose.yml (no daemon).
+  pkgs+=(docker-compose)
 fi
 
 missing=()
@@ -33,4 +35,30 @@ if [ "$runtime_only" = 0 ]; then
     python3 -m venv "$venv"
   fi
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/tests/integration/requirements.txt"
+fi
+
+if [ "$runtime_only" = 0 ]; then
+  # promtool for tests/ops/check-packaging.sh, unpacked from Debian's prometheus package into a
+  # cache dir outside the repo: installing the package would also install and start a server.
+  tools="${OUTBOX_TOOLS:-$HOME/.cache/outbox-relay/bin}"
+  if ! command -v promtool > /dev/null && [ ! -x "$tools/promtool" ]; then
+    tmp=$(mktemp -d)
+    chmod 1777 "$tmp"  # apt's download sandbox user writes here
+    if ! (cd "$tmp" && apt-get download -qq prometheus) 2> "$tmp/err"; then
+      SUDO=""
+      [ "$(id -u)" -ne 0 ] && SUDO=sudo
+      $SUDO apt-get update -qq
+      (cd "$tmp" && apt-get download -qq prometheus) 2> "$tmp/err" || true
+    fi
+    deb=$(ls "$tmp"/prometheus_*.deb 2> /dev/null | head -n1 || true)
+    if [ -n "$deb" ] && mkdir -p "$tools" && dpkg-deb --fsys-tarfile "$deb" | tar -x -O ./usr/bin/promtool > "$tools/promtool.new"; then
+      chmod 755 "$tools/promtool.new"
+      mv "$tools/promtool.new" "$tools/promtool"
+    else
+      echo "install-deps: promtool not available; tests/ops/check-packaging.sh falls back to a schema check" >&2
+      grep -v unsandboxed "$tmp/err" >&2 || true
+      rm -f "$tools/promtool.new"
+    fi
+    rm -rf "$tmp"
+  fi
 fi

@@ -16,10 +16,18 @@ Runner::Runner(RelayLoop& loop, Store& store, Bell& bell, Metrics& metrics, Heal
       options_(options),
       jitter01_(std::move(jitter01)) {}
 
+void Runner::maybe_rebalance() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_rebalance_) return;
+  next_rebalance_ = now + options_.rebalance_interval;
+  store_.rebalance();  // lanes gained are caught up by the drain in progress or the next one
+}
+
 void Runner::drain() {
   bell_.clear();  // rings from here on wake the next wait: nothing committed later is missed
   const std::size_t full = loop_.options().batch_size;
   while (!bell_.stopped()) {
+    maybe_rebalance();  // between batches, so a long backlog does not keep lanes from new peers
     const BatchResult r = loop_.run_once();
     if (r.retried + r.dead_lettered > 0) {
       log::debug("batch done", {{"claimed", r.claimed}, {"delivered", r.delivered},
@@ -33,7 +41,7 @@ void Runner::run() {
   using Steady = std::chrono::steady_clock;
   auto now = Steady::now();
   auto next_sweep = now + options_.sweep_interval;
-  auto next_rebalance = now;
+  next_rebalance_ = now;
   int failures = 0;
   bool drain_needed = true;  // catch up at start
   health_.loop_running = true;
@@ -50,15 +58,17 @@ void Runner::run() {
       health_.store_up = true;
       loop_.flush_pending();
       now = Steady::now();
-      if (now >= next_rebalance) {
+      if (now >= next_rebalance_) {
         if (store_.rebalance()) drain_needed = true;
-        next_rebalance = now + options_.rebalance_interval;
+        next_rebalance_ = now + options_.rebalance_interval;
       }
       if (drain_needed) drain();
       if (bell_.stopped()) break;
 
-      auto deadline = std::min(next_sweep, next_rebalance);
+      auto deadline = std::min(next_sweep, next_rebalance_);
       if (auto due = loop_.next_retry_due()) deadline = std::min(deadline, *due);
+      const bool fenced = store_.waiting_for_writers();
+      if (fenced) deadline = std::min(deadline, Steady::now() + options_.writer_poll);
       const auto source = bell_.wait_until(deadline);
       if (bell_.stopped()) break;
       now = Steady::now();
@@ -72,6 +82,7 @@ void Runner::run() {
         drain_needed = true;
         next_sweep = now + options_.sweep_interval;
       }
+      if (fenced && !drain_needed) drain_needed = true;  // a writer may have rolled back
       if (auto due = loop_.next_retry_due(); due && *due <= now) {
         if (!drain_needed) metrics_.wakeup(WakeSource::kRetry);
         drain_needed = true;

@@ -14,6 +14,8 @@ namespace outbox {
 struct RunnerOptions {
   std::chrono::milliseconds sweep_interval{30000};
   std::chrono::milliseconds rebalance_interval{5000};
+  // How soon to look again when a claim was held back by an open writer.
+  std::chrono::milliseconds writer_poll{100};
   BackoffPolicy reconnect{std::chrono::milliseconds{500}, std::chrono::milliseconds{30000}};
 };
 
@@ -28,6 +30,7 @@ class Runner {
 
  private:
   void drain();
+  void maybe_rebalance();
 
   RelayLoop& loop_;
   Store& store_;
@@ -36,6 +39,7 @@ class Runner {
   Health& health_;
   RunnerOptions options_;
   std::function<double()> jitter01_;
+  std::chrono::steady_clock::time_point next_rebalance_{};
 };
 
 }  // namespace outbox

@@ -44,6 +44,10 @@ class Store {
   virtual std::vector<Event> claim(std::size_t limit) = 0;
   // Applies the outcomes of a claimed batch in one transaction.
   virtual void complete(std::span<const Completion> completions) = 0;
+  // True when the last claim held back events because a writer that may still add an earlier
+  // event of the same key is open. Its commit rings the bell; the runner also re-polls soon, in
+  // case it rolls back instead (a rollback rings nothing).
+  virtual bool waiting_for_writers() const { return false; }
 };
 
 }  // namespace outbox

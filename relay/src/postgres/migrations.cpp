@@ -26,6 +26,7 @@ std::string render_migration(const std::string& sql, const std::string& table, c
   replace_all(out, "{{name}}", name);
   replace_all(out, "{{prefix}}", prefix);
   replace_all(out, "{{channel}}", channel);
+  replace_all(out, "{{fence_tag}}", std::to_string(fence_tag(table)));
   return out;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -20,6 +21,10 @@ int advisory_key(const std::string& text) {
   return static_cast<int>(h & 0x7fffffff);
 }
 
+long long fence_tag(const std::string& table) {
+  return advisory_key("outbox-relay:fence:" + table) & 0x3fffff;
+}
+
 struct PgStore::Impl {
   PgStoreOptions opt;
   std::unique_ptr<pqxx::connection> conn;
@@ -31,7 +36,8 @@ struct PgStore::Impl {
   std::string owned_literal = "{}";
   std::mt19937 rng{std::random_device{}()};
 
-  std::string claim_sql, mark_sql, delete_sql, fail_sql;
+  std::string claim_sql, fence_sql, mark_sql, delete_sql, fail_sql;
+  bool fenced = false;  // the last claim stopped at an open writer's fence
 
   void set_owned(std::set<int> lanes) {
     owned = std::move(lanes);
@@ -62,6 +68,7 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "         AND c.next_attempt_at <= now() "
       "         AND (c.lease_until IS NULL OR c.lease_until < now()) "
       "         AND c.lane = ANY($3::smallint[]) "
+      "         AND c.id <= $5 "
       "         AND NOT EXISTS (SELECT 1 FROM " + t + " AS b "
       "                          WHERE b.aggregate_id = c.aggregate_id AND b.id < c.id "
       "                            AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL "
@@ -71,6 +78,12 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, "
       "  to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
       "  (extract(epoch FROM e.created_at) * 1000000)::int8, e.attempts, e.sinks_done";
+  // The smallest fence of the writers still open (schema/001: all their ids are above it).
+  impl_->fence_sql =
+      "SELECT coalesce(min((l.classid::int8 << 32 | l.objid::int8) & 1099511627775), 9223372036854775807) "
+      "FROM pg_locks AS l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
+      "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+      "AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " + std::to_string(fence_tag(t));
   impl_->mark_sql = "UPDATE " + t +
                     " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
                     "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL";
@@ -89,6 +102,8 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
 
 PgStore::~PgStore() = default;
 
+bool PgStore::waiting_for_writers() const { return impl_->fenced; }
+
 int PgStore::lanes_owned() const { return impl_->owned_count.load(); }
 
 void PgStore::disconnect() { impl_->drop(); }
@@ -98,6 +113,7 @@ void PgStore::connect() {
   translate_errors("connect", [&] {
     auto conn = open_session(impl_->opt.url, "worker");
     conn->prepare("claim", impl_->claim_sql);
+    conn->prepare("fence", impl_->fence_sql);
     conn->prepare("mark", impl_->mark_sql);
     conn->prepare("delete", impl_->delete_sql);
     conn->prepare("fail", impl_->fail_sql);
@@ -184,9 +200,13 @@ std::vector<Event> PgStore::claim(std::size_t limit) {
   try {
     return translate_errors("claim", [&] {
       pqxx::work tx(*im.conn);
+      // Read the fence first: a writer that opens after this reading takes ids above every row
+      // this claim can see, so it cannot be overtaken.
+      const long long fence = tx.exec_prepared1("fence")[0].as<long long>();
       const auto rows = tx.exec_prepared("claim", im.opt.instance_id, static_cast<long long>(im.opt.lease.count()),
-                                         im.owned_literal, static_cast<long long>(limit));
+                                         im.owned_literal, static_cast<long long>(limit), fence);
       tx.commit();
+      im.fenced = fence != std::numeric_limits<long long>::max() && rows.size() < limit;
       std::vector<Event> events;
       events.reserve(rows.size());
       for (const auto& row : rows) {

@@ -29,6 +29,7 @@ class PgStore final : public Store {
   bool rebalance() override;
   std::vector<Event> claim(std::size_t limit) override;
   void complete(std::span<const Completion> completions) override;
+  bool waiting_for_writers() const override;
 
   // Clears the leases this instance still holds (shutdown: peers take those rows at once).
   // Best effort: logs and returns false when the database is unreachable.
@@ -44,5 +45,8 @@ class PgStore final : public Store {
 
 // Deterministic 31-bit key for advisory locks, from a text (FNV-1a).
 int advisory_key(const std::string& text);
+
+// The 22-bit tag in the high bits of the writers' fence locks of a table (see schema/001).
+long long fence_tag(const std::string& table);
 
 }  // namespace outbox::pg
