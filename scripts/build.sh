@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Configures and builds outbox-relay into BUILD_DIR (default: build). Used by the README's
+# commands, CI and the Dockerfile. Extra arguments go to cmake (e.g. -DOUTBOX_SANITIZE=ON).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+build_dir=${BUILD_DIR:-$here/build}
+targets=${BUILD_TARGETS:-}
+cmake -S "$here" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" "$@" > "$build_dir.cmake.log" 2>&1 \
+  || { cat "$build_dir.cmake.log"; exit 1; }
+# shellcheck disable=SC2086
+ninja -C "$build_dir" -j "${BUILD_JOBS:-2}" $targets

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh Debian bookworm machine: installs what it needs, builds with
+# warnings as errors, runs the unit tests (also under ASan+UBSan) and the integration tests
+# (each starts its own PostgreSQL cluster, Kafka broker and HTTP receivers on 127.0.0.1).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+
+echo "== installing dependencies"
+scripts/install-deps.sh
+
+echo "== building (warnings are errors)"
+BUILD_DIR=$here/build scripts/build.sh -DOUTBOX_WERROR=ON
+
+echo "== unit tests"
+build/bin/unit_tests
+
+echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+BUILD_DIR=$here/build-asan BUILD_TARGETS=unit_tests BUILD_TYPE=Debug scripts/build.sh -DOUTBOX_WERROR=ON -DOUTBOX_SANITIZE=ON
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-asan/bin/unit_tests
+
+if [ -x tests/ops/check-packaging.sh ]; then
+  echo "== packaging checks"
+  tests/ops/check-packaging.sh
+fi
+
+echo "== integration tests"
+venv="${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}"
+OUTBOX_RELAY_BIN=$here/build/bin/outbox-relay "$venv/bin/pytest" -q -p no:cacheprovider tests/integration "$@"
