@@ -288,3 +288,32 @@ def test_unreachable_database_is_retried_with_backoff_not_crash_looped(relays, w
     assert delays[2] > delays[0], "the delay grows"
     assert "topsecret99" not in relay.raw_logs()
     assert relay.stop() == 0
+
+
+def test_an_open_writer_holds_back_later_ids_until_it_commits_or_rolls_back(db, relays, workdir):
+    """The fence: a transaction holding an earlier id of a key commits after a later one."""
+    out = workdir / "events.jsonl"
+    relay = relays(base_config(db, file_sink(out), sweep_interval="1h"))
+    relay.wait_log("ordering lanes rebalanced")
+    slow = db.connect()
+    slow.autocommit = False
+    early = slow.execute("INSERT INTO outbox_events (topic, aggregate_id, payload) "
+                         "VALUES ('order.paid', 'K', '{\"n\": 1}') RETURNING id").fetchone()[0]
+    [late] = db.insert([("order.paid", "K", {"n": 2})])
+    assert early < late
+    time.sleep(1.0)
+    assert ids_in(out) == [], "the later id must wait for the open writer"
+    slow.commit()
+    wait_until(lambda: ids_in(out) == [early, late], timeout=5, message="both, in id order")
+
+    # A writer that rolls back rings no bell: the relay looks again on its own.
+    slow.execute("INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', 'K', '{}')")
+    [after] = db.insert([("order.paid", "K", {"n": 3})])
+    time.sleep(0.5)
+    assert ids_in(out) == [early, late]
+    started = time.monotonic()
+    slow.rollback()
+    wait_until(lambda: ids_in(out) == [early, late, after], timeout=5, message="the id after the rollback")
+    assert time.monotonic() - started < 1.0
+    slow.close()
+    assert relay.stop() == 0
