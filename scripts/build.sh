@@ -5,7 +5,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${BUILD_DIR:-$here/build}
 targets=${BUILD_TARGETS:-}
-cmake -S "$here" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" "$@" > "$build_dir.cmake.log" 2>&1 \
-  || { cat "$build_dir.cmake.log"; exit 1; }
+mkdir -p "$build_dir"
+cmake -S "$here" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" "$@" > "$build_dir/configure.log" 2>&1 \
+  || { cat "$build_dir/configure.log"; exit 1; }
 # shellcheck disable=SC2086
 ninja -C "$build_dir" -j "${BUILD_JOBS:-2}" $targets
