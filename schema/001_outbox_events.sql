@@ -26,7 +26,12 @@ CREATE TABLE IF NOT EXISTS {{table}} (
   -- it holds that lane's advisory lock. 64 lanes, fixed.
   lane             smallint    GENERATED ALWAYS AS ((hashtext(aggregate_id) & 63)::smallint) STORED,
   CONSTRAINT {{name}}_headers_is_object CHECK (jsonb_typeof(headers) = 'object')
-);
+)
+-- Half of each page stays free when rows are inserted, so the claim's lease update can put the
+-- new row version on the same page without touching any index (a HOT update: the lease columns
+-- are not indexed). Measured: the relay's claim+complete drain rate goes from ~15k to ~25k rows/s
+-- on the 2-core dev machine (bench/RESULTS.md). Costs disk space for rows not yet cleaned up.
+WITH (fillfactor = 50);
 
 -- The claim walks pending rows in id order; it never touches delivered or dead-lettered rows.
 CREATE INDEX IF NOT EXISTS {{name}}_pending_idx ON {{table}} (id)
