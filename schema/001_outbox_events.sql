@@ -52,7 +52,10 @@ CREATE INDEX IF NOT EXISTS {{name}}_processed_idx ON {{table}} (processed_at)
 -- advisory lock whose key carries the sequence's last value L (all its ids will be > L). The relay
 -- reads those locks and publishes no id above the smallest such L while that writer is open, so
 -- no later-committing writer can slip an older id of a key behind a newer one. Shared locks never
--- block writers; one lock per transaction (remembered in a transaction-local setting).
+-- block writers; one lock per transaction (remembered in a transaction-local setting). The relay
+-- also bounds each claim by the sequence's last value read together with the fences, so that a
+-- writer opening between that reading and the claim cannot be overtaken (relay/src/postgres/
+-- pg_store.cpp explains the argument).
 -- Lock key: ({{fence_tag}} << 40) | L, for L < 2^40.
 -- The sequence's schema-qualified name is fixed into the function when it is created, because the
 -- function runs with a safe search_path (it is SECURITY DEFINER, so writers need no sequence grant).
@@ -118,3 +121,9 @@ GRANT SELECT (id) ON {{table}} TO outbox_writer;
 GRANT EXECUTE ON FUNCTION {{prefix}}_publish(text, text, jsonb, jsonb) TO outbox_writer;
 -- The relay reads, claims, completes and (on_success: delete, retention) deletes.
 GRANT SELECT, UPDATE, DELETE ON {{table}} TO outbox_relay;
+-- The claim reads the id sequence's last value (see the fence above).
+DO $grant_sequence$
+BEGIN
+  EXECUTE format('GRANT SELECT ON SEQUENCE %s TO outbox_relay', pg_get_serial_sequence('{{table}}', 'id'));
+END
+$grant_sequence$;

@@ -38,6 +38,7 @@ struct PgStore::Impl {
 
   std::string claim_sql, fence_sql, mark_sql, delete_sql, fail_sql;
   bool fenced = false;  // the last claim stopped at an open writer's fence
+  std::string sequence;  // the id sequence, schema-qualified
 
   void set_owned(std::set<int> lanes) {
     owned = std::move(lanes);
@@ -78,9 +79,15 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, "
       "  to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
       "  (extract(epoch FROM e.created_at) * 1000000)::int8, e.attempts, e.sinks_done";
-  // The smallest fence of the writers still open (schema/001: all their ids are above it).
+  // The claim bound: min(the smallest fence of the writers open now, the last id drawn so far),
+  // read in a statement of its own before the claim statement takes its snapshot. Every id at or
+  // below it was drawn by a transaction that is no longer open (an open one would hold a fence
+  // below its ids), so all of them are already visible to the claim or will never be: no later
+  // commit can put an earlier id of a key behind one published now. Ids drawn after this reading
+  // are above the bound and wait for the next claim. $1 is the table's id sequence.
   impl_->fence_sql =
-      "SELECT coalesce(min((l.classid::int8 << 32 | l.objid::int8) & 1099511627775), 9223372036854775807) "
+      "SELECT coalesce(pg_sequence_last_value($1::regclass), 0), "
+      "       coalesce(min((l.classid::int8 << 32 | l.objid::int8) & 1099511627775), 9223372036854775807) "
       "FROM pg_locks AS l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
       "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
       "AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " + std::to_string(fence_tag(t));
@@ -113,6 +120,14 @@ void PgStore::connect() {
   translate_errors("connect", [&] {
     auto conn = open_session(impl_->opt.url, "worker");
     conn->prepare("claim", impl_->claim_sql);
+    {
+      pqxx::nontransaction q(*conn);
+      const auto seq = q.exec_params1("SELECT pg_get_serial_sequence($1, 'id')", impl_->opt.table);
+      if (seq[0].is_null()) {
+        throw StoreUnavailable("table " + impl_->opt.table + " has no id sequence: run `outbox-relay migrate`");
+      }
+      impl_->sequence = seq[0].as<std::string>();
+    }
     conn->prepare("fence", impl_->fence_sql);
     conn->prepare("mark", impl_->mark_sql);
     conn->prepare("delete", impl_->delete_sql);
@@ -204,13 +219,14 @@ std::vector<Event> PgStore::claim(std::size_t limit) {
       // again (at least once, as always). Skipping this commit's WAL flush saves one fsync per
       // batch; the complete() that follows is durable and flushes this record too.
       tx.exec0("SET LOCAL synchronous_commit = off");
-      // Read the fence first: a writer that opens after this reading takes ids above every row
-      // this claim can see, so it cannot be overtaken.
-      const long long fence = tx.exec_prepared1("fence")[0].as<long long>();
+      const auto bound = tx.exec_prepared1("fence", im.sequence);
+      const long long last_id = bound[0].as<long long>();
+      const long long fence = bound[1].as<long long>();
       const auto rows = tx.exec_prepared("claim", im.opt.instance_id, static_cast<long long>(im.opt.lease.count()),
-                                         im.owned_literal, static_cast<long long>(limit), fence);
+                                         im.owned_literal, static_cast<long long>(limit), std::min(last_id, fence));
       tx.commit();
-      im.fenced = fence != std::numeric_limits<long long>::max() && rows.size() < limit;
+      // Held back by an open writer: poll again soon, as a writer that rolls back rings no bell.
+      im.fenced = fence < last_id && rows.size() < limit;
       std::vector<Event> events;
       events.reserve(rows.size());
       for (const auto& row : rows) {
