@@ -1,0 +1,3 @@
+module outbox-relay/bench/webhook/receiver
+
+go 1.19

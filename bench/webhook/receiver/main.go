@@ -1,0 +1,64 @@
+// A webhook receiver for the webhook sink benchmark: answers every POST at once with 204 and
+// counts the TCP connections it accepted and the requests it served. Standard library only.
+//
+//	receiver            prints "<hooks address> <control address>" on stdout, then serves
+//	GET  /stats         on the control address: {"connections":N,"requests":N}
+//	POST /reset         on the control address: zeroes both counters
+//
+// The control endpoints live on their own listener so the benchmark's own requests never count
+// as connections the relay opened.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+func main() {
+	var connections, requests atomic.Int64
+
+	hooks := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body) // read the whole body so the connection stays reusable
+			requests.Add(1)
+			w.WriteHeader(http.StatusNoContent)
+		}),
+		ConnState: func(_ net.Conn, state http.ConnState) {
+			if state == http.StateNew {
+				connections.Add(1)
+			}
+		},
+		IdleTimeout: 5 * time.Minute, // longer than any run: a new connection is the relay's choice
+	}
+	control := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/stats":
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(map[string]int64{"connections": connections.Load(), "requests": requests.Load()})
+		case "/reset":
+			connections.Store(0)
+			requests.Store(0)
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			http.NotFound(w, r)
+		}
+	})}
+
+	hooksLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	controlLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(hooksLn.Addr().String(), controlLn.Addr().String())
+	go func() { log.Fatal(control.Serve(controlLn)) }()
+	log.Fatal(hooks.Serve(hooksLn))
+}

@@ -1,0 +1,388 @@
+#include "sinks/webhook/webhook_sink.hpp"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <chrono>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <stdexcept>
+
+#include "config/duration.hpp"
+#include "config/section.hpp"
+#include "log/log.hpp"
+#include "sinks/webhook/dispatch.hpp"
+#include "sinks/webhook/outcome.hpp"
+#include "sinks/webhook/signature.hpp"
+#include "version.hpp"
+
+namespace outbox::sinks {
+namespace {
+
+using Steady = std::chrono::steady_clock;
+
+struct EasyDeleter {
+  void operator()(CURL* handle) const { curl_easy_cleanup(handle); }
+};
+struct MultiDeleter {
+  void operator()(CURLM* handle) const { curl_multi_cleanup(handle); }
+};
+struct SlistDeleter {
+  void operator()(curl_slist* list) const { curl_slist_free_all(list); }
+};
+using EasyPtr = std::unique_ptr<CURL, EasyDeleter>;
+using MultiPtr = std::unique_ptr<CURLM, MultiDeleter>;
+using SlistPtr = std::unique_ptr<curl_slist, SlistDeleter>;
+
+// curl_global_init is not safe to race with other curl calls: once per process, before any handle.
+void init_curl_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (const CURLcode rc = curl_global_init(CURL_GLOBAL_DEFAULT); rc != CURLE_OK) {
+      throw std::runtime_error(std::string("curl_global_init failed: ") + curl_easy_strerror(rc));
+    }
+  });
+}
+
+void append(SlistPtr& list, const std::string& line) {
+  curl_slist* head = curl_slist_append(list.get(), line.c_str());  // copies line
+  if (!head) throw std::bad_alloc();
+  (void)list.release();  // head is the old head when the list was not empty
+  list.reset(head);
+}
+
+// "Name: value"; curl drops a header given as "Name:", so an empty value is written "Name;".
+std::string header_line(const std::string& name, const std::string& value) {
+  return value.empty() ? name + ";" : name + ": " + value;
+}
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  return text;
+}
+
+std::string_view trim_line(std::string_view text) {
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t' || text.back() == '\r' || text.back() == '\n')) {
+    text.remove_suffix(1);
+  }
+  return text;
+}
+
+bool starts_with_nocase(std::string_view text, std::string_view prefix) {
+  if (text.size() < prefix.size()) return false;
+  for (std::size_t i = 0; i < prefix.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(text[i])) != prefix[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+namespace webhook {
+
+// One reusable request slot: an easy handle and what its current transfer needs and collects.
+// Slots never move (held by unique_ptr) because curl keeps pointers to them.
+struct Transfer {
+  EasyPtr easy;
+  SlistPtr headers;                      // the current request's header list; curl borrows it
+  std::string body;                      // the first kMaxBodyExcerpt bytes of the response
+  std::string retry_after;               // Retry-After of the final response, if any
+  std::array<char, CURL_ERROR_SIZE> error{};
+  std::size_t index = 0;                 // the event's index in the batch
+  bool attached = false;                 // added to the multi handle
+
+  static std::size_t on_body(char* data, std::size_t size, std::size_t count, void* self) {
+    auto* t = static_cast<Transfer*>(self);
+    const std::size_t length = size * count;
+    try {
+      if (t->body.size() < kMaxBodyExcerpt) {
+        t->body.append(data, std::min(length, kMaxBodyExcerpt - t->body.size()));
+      }
+    } catch (const std::bad_alloc&) {
+      return 0;  // fails this transfer (a retry); exceptions must not cross curl's C frames
+    }
+    return length;  // the rest is read and dropped, so the connection stays reusable
+  }
+
+  static std::size_t on_header(char* data, std::size_t size, std::size_t count, void* self) {
+    auto* t = static_cast<Transfer*>(self);
+    const std::size_t length = size * count;
+    const std::string_view line(data, length);
+    try {
+      if (line.substr(0, 5) == "HTTP/") {
+        t->retry_after.clear();  // a new response begins (after a 1xx): only the final one counts
+      } else if (starts_with_nocase(line, "retry-after:")) {
+        t->retry_after = trim_line(line.substr(12));
+      }
+    } catch (const std::bad_alloc&) {
+      return 0;
+    }
+    return length;
+  }
+};
+
+}  // namespace webhook
+
+using webhook::Transfer;
+
+struct WebhookSink::Impl {
+  std::string name;
+  WebhookSinkConfig config;
+  std::vector<std::string> static_header_lines;
+  std::set<std::string> static_header_names;  // lower case
+  MultiPtr multi;
+  std::vector<std::unique_ptr<Transfer>> transfers;  // max_in_flight slots
+  std::set<std::string> warned_headers;              // loop thread only
+
+  ~Impl() { detach_all(); }
+
+  void detach_all() {
+    for (auto& t : transfers) {
+      if (t->attached) curl_multi_remove_handle(multi.get(), t->easy.get());
+      t->attached = false;
+      t->headers.reset();
+    }
+  }
+
+  template <class T>
+  void setopt(CURL* easy, CURLoption option, T value, const char* what) {
+    if (const CURLcode rc = curl_easy_setopt(easy, option, value); rc != CURLE_OK) {
+      throw config::ConfigError("sink '" + name + "': libcurl rejected " + what + ": " + curl_easy_strerror(rc));
+    }
+  }
+
+  std::unique_ptr<Transfer> make_transfer() {
+    auto t = std::make_unique<Transfer>();
+    t->easy.reset(curl_easy_init());
+    if (!t->easy) throw std::runtime_error("curl_easy_init failed");
+    CURL* e = t->easy.get();
+    setopt(e, CURLOPT_URL, config.url.c_str(), "url");
+    setopt(e, CURLOPT_PROTOCOLS_STR, "http,https", "protocols");
+    setopt(e, CURLOPT_NOSIGNAL, 1L, "nosignal");  // we run on threads: no SIGALRM for DNS timeouts
+    setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(config.timeout.count()), "timeout");
+    setopt(e, CURLOPT_POST, 1L, "POST");
+    setopt(e, CURLOPT_FOLLOWLOCATION, 0L, "redirects");  // a redirect is an answer, not a delivery
+    setopt(e, CURLOPT_TCP_KEEPALIVE, 1L, "tcp keepalive");
+    setopt(e, CURLOPT_USERAGENT, (std::string("outbox-relay/") + kVersion).c_str(), "user agent");
+    setopt(e, CURLOPT_WRITEFUNCTION, &Transfer::on_body, "write callback");
+    setopt(e, CURLOPT_WRITEDATA, static_cast<void*>(t.get()), "write data");
+    setopt(e, CURLOPT_HEADERFUNCTION, &Transfer::on_header, "header callback");
+    setopt(e, CURLOPT_HEADERDATA, static_cast<void*>(t.get()), "header data");
+    setopt(e, CURLOPT_ERRORBUFFER, t->error.data(), "error buffer");
+    setopt(e, CURLOPT_PRIVATE, static_cast<void*>(t.get()), "private");
+    if (!config.tls.ca_file.empty()) setopt(e, CURLOPT_CAINFO, config.tls.ca_file.c_str(), "tls.ca_file");
+    if (config.tls.insecure_skip_verify) {
+      setopt(e, CURLOPT_SSL_VERIFYPEER, 0L, "tls.insecure_skip_verify");
+      setopt(e, CURLOPT_SSL_VERIFYHOST, 0L, "tls.insecure_skip_verify");
+    }
+    return t;
+  }
+
+  // Sets up t for event e. Returns why the event can never be sent, if so.
+  std::optional<std::string> prepare(Transfer& t, const Event& e, std::size_t index) {
+    SlistPtr list;
+    append(list, "Content-Type: application/json");
+    append(list, "Expect:");  // no 100-continue round trip for larger bodies
+    const std::string id = std::to_string(e.id);
+    const auto timestamp =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    append(list, "webhook-id: " + id);
+    append(list, "webhook-timestamp: " + std::to_string(timestamp));
+    if (!config.signing_keys.empty()) {
+      append(list, "webhook-signature: " + webhook::signature_header(config.signing_keys, id, timestamp, e.payload));
+    }
+    for (const auto& line : static_header_lines) append(list, line);
+    for (const auto& [hname, value] : e.headers) {
+      if (!is_valid_header_name(hname)) {
+        return "invalid event header name '" + webhook::body_excerpt(hname, 64) + "'";
+      }
+      if (!is_valid_header_value(value)) {
+        return "invalid value of event header '" + hname + "': it contains CR, LF or NUL";
+      }
+      const std::string key = lower(hname);
+      if (is_reserved_webhook_header(key) || static_header_names.count(key)) {
+        if (warned_headers.insert(key).second) {
+          log::warn("webhook sink ignores an event header that the sink or its config sets",
+                    {{"sink", name}, {"header", hname}});
+        }
+        continue;
+      }
+      append(list, header_line(hname, value));
+    }
+    CURL* easy = t.easy.get();
+    t.body.clear();
+    t.retry_after.clear();
+    t.error[0] = '\0';
+    t.index = index;
+    // Per-request options cannot fail once the same options were accepted at construction.
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, list.get());
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(e.payload.size()));
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, e.payload.data());  // borrowed: the event outlives publish()
+    t.headers = std::move(list);
+    return std::nullopt;
+  }
+};
+
+WebhookSink::WebhookSink(std::string name, WebhookSinkConfig config) : name_(std::move(name)), impl_(new Impl) {
+  init_curl_once();
+  Impl& im = *impl_;
+  im.name = name_;
+  im.config = std::move(config);
+  for (const auto& [hname, value] : im.config.headers) {
+    im.static_header_lines.push_back(header_line(hname, value));
+    im.static_header_names.insert(lower(hname));
+  }
+  im.multi.reset(curl_multi_init());
+  if (!im.multi) throw std::runtime_error("curl_multi_init failed");
+  // Keep one idle connection per possible request, so a batch after a batch opens none.
+  const long slots = im.config.max_in_flight;
+  curl_multi_setopt(im.multi.get(), CURLMOPT_MAXCONNECTS, slots);
+  curl_multi_setopt(im.multi.get(), CURLMOPT_MAX_HOST_CONNECTIONS, slots);
+  for (int i = 0; i < im.config.max_in_flight; ++i) im.transfers.push_back(im.make_transfer());
+
+  log::info("webhook sink ready", {{"sink", name_},
+                                   {"url", im.config.url_for_logs},
+                                   {"max_in_flight", im.config.max_in_flight},
+                                   {"timeout", config::format_duration(im.config.timeout)},
+                                   {"signing_keys", im.config.signing_keys.size()}});
+  if (im.config.signing_keys.empty()) {
+    log::warn("webhook sink has no secrets: requests are not signed", {{"sink", name_}});
+  }
+  if (im.config.tls.insecure_skip_verify) {
+    log::warn("webhook sink does not verify TLS certificates (tls.insecure_skip_verify)", {{"sink", name_}});
+  }
+}
+
+WebhookSink::~WebhookSink() = default;
+
+std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) {
+  Impl& im = *impl_;
+  struct Detach {  // whatever happens, no handle stays attached to the multi handle after a batch
+    Impl& im;
+    ~Detach() { im.detach_all(); }
+  } detach{im};
+
+  const auto started = Steady::now();
+  const auto deadline = started + im.config.timeout;  // no request starts after this
+  std::vector<std::optional<Outcome>> results(events.size());
+  webhook::KeyedDispatch plan(events);
+  std::vector<Transfer*> idle;
+  for (auto it = im.transfers.rbegin(); it != im.transfers.rend(); ++it) idle.push_back(it->get());
+  std::size_t running = 0;
+  long new_connections = 0;
+  std::string multi_error;
+
+  auto record = [&](std::size_t index, Outcome outcome) {
+    plan.finish(index, outcome.kind == OutcomeKind::kRetry);
+    results[index] = std::move(outcome);
+  };
+
+  for (;;) {
+    while (!idle.empty() && Steady::now() < deadline) {
+      const auto index = plan.next();
+      if (!index) break;
+      Transfer& t = *idle.back();
+      if (auto invalid = im.prepare(t, *events[*index], *index)) {
+        record(*index, Outcome::permanent(std::move(*invalid)));
+        continue;
+      }
+      if (const CURLMcode rc = curl_multi_add_handle(im.multi.get(), t.easy.get()); rc != CURLM_OK) {
+        t.headers.reset();
+        record(*index, Outcome::retry(std::string("curl_multi_add_handle: ") + curl_multi_strerror(rc)));
+        continue;
+      }
+      t.attached = true;
+      idle.pop_back();
+      ++running;
+    }
+    if (running == 0) break;
+
+    int still_running = 0;
+    if (const CURLMcode rc = curl_multi_perform(im.multi.get(), &still_running); rc != CURLM_OK) {
+      multi_error = std::string("curl_multi_perform: ") + curl_multi_strerror(rc);
+      break;
+    }
+    bool any_done = false;
+    int queued = 0;
+    while (CURLMsg* msg = curl_multi_info_read(im.multi.get(), &queued)) {
+      if (msg->msg != CURLMSG_DONE) continue;
+      CURL* easy = msg->easy_handle;
+      const CURLcode result = msg->data.result;  // msg dies with remove_handle below
+      void* self = nullptr;
+      curl_easy_getinfo(easy, CURLINFO_PRIVATE, &self);
+      Transfer& t = *static_cast<Transfer*>(self);
+      long status = 0;
+      curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+      long connects = 0;
+      curl_easy_getinfo(easy, CURLINFO_NUM_CONNECTS, &connects);
+      new_connections += connects;
+      curl_multi_remove_handle(im.multi.get(), easy);
+      t.attached = false;
+      t.headers.reset();
+
+      if (result == CURLE_OK) {
+        usable_ = true;
+        record(t.index, webhook::classify_response(
+                            status, t.body, webhook::parse_retry_after(t.retry_after, std::chrono::system_clock::now())));
+      } else {
+        usable_ = false;
+        record(t.index, webhook::transfer_error_outcome(result, t.error[0] ? t.error.data() : curl_easy_strerror(result)));
+      }
+      idle.push_back(&t);
+      --running;
+      any_done = true;
+    }
+    if (any_done) continue;  // start the next requests before waiting
+    if (const CURLMcode rc = curl_multi_poll(im.multi.get(), nullptr, 0, 1000, nullptr); rc != CURLM_OK) {
+      multi_error = std::string("curl_multi_poll: ") + curl_multi_strerror(rc);
+      break;
+    }
+  }
+
+  if (!multi_error.empty()) {  // curl itself failed (out of memory or a bug): nothing in flight counts
+    for (auto& t : im.transfers) {
+      if (t->attached) results[t->index] = Outcome::retry(multi_error);
+    }
+  }
+
+  std::size_t delivered = 0, retried = 0, permanent = 0, deferred = 0;
+  std::optional<std::size_t> first_error;
+  for (const auto& unsent : plan.unsent()) {
+    results[unsent.index] = unsent.blocked
+                                ? Outcome::deferred()
+                                : Outcome{OutcomeKind::kDeferred, "not sent: the batch reached the sink timeout",
+                                          std::nullopt};
+  }
+  std::vector<Outcome> outcomes;
+  outcomes.reserve(events.size());
+  for (auto& r : results) {
+    if (!r) r = Outcome::retry("internal error: the webhook sink lost track of this event");
+    switch (r->kind) {
+      case OutcomeKind::kDelivered: ++delivered; break;
+      case OutcomeKind::kRetry: ++retried; break;
+      case OutcomeKind::kPermanent: ++permanent; break;
+      case OutcomeKind::kDeferred: ++deferred; break;
+    }
+    if (!first_error && (r->kind == OutcomeKind::kRetry || r->kind == OutcomeKind::kPermanent)) {
+      first_error = outcomes.size();
+    }
+    outcomes.push_back(std::move(*r));
+  }
+  const auto elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - started).count();
+  nlohmann::json fields{{"sink", name_},         {"events", events.size()}, {"delivered", delivered},
+                        {"retry", retried},      {"permanent", permanent},  {"deferred", deferred},
+                        {"new_connections", new_connections}, {"ms", elapsed_ms}};
+  if (first_error) {
+    fields["first_error"] = outcomes[*first_error].reason;
+    log::warn("webhook requests failed", std::move(fields));
+  } else {
+    log::debug("webhook batch sent", std::move(fields));
+  }
+  return outcomes;
+}
+
+}  // namespace outbox::sinks

@@ -1,0 +1,40 @@
+#pragma once
+// type: webhook. POSTs each event's payload to one URL with Standard Webhooks headers, on libcurl.
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "core/sink.hpp"
+#include "sinks/webhook/webhook_config.hpp"
+
+namespace outbox::sinks {
+
+// Up to max_in_flight requests at once on one curl multi handle; the multi handle, its
+// connection cache and the easy handles live as long as the sink, so connections are kept alive
+// across batches. Events of one key are sent one after another in id order; after a retryable
+// failure the later events of that key get kDeferred. No request starts later than `timeout`
+// after publish() began (the rest get kDeferred and are released), and each request ends within
+// `timeout`, so publish() returns within about twice the timeout.
+// Threading: publish() on the loop thread only; usable() from any thread.
+class WebhookSink final : public Sink {
+ public:
+  // Throws config::ConfigError if curl cannot be set up with this config.
+  WebhookSink(std::string name, WebhookSinkConfig config);
+  ~WebhookSink() override;
+  WebhookSink(const WebhookSink&) = delete;
+  WebhookSink& operator=(const WebhookSink&) = delete;
+
+  const std::string& name() const override { return name_; }
+  std::vector<Outcome> publish(std::span<const Event* const> events) override;
+  // False while the most recent request got no HTTP response at all (connection refused, DNS,
+  // TLS, timeout); any HTTP response, even a 500, makes it true again.
+  bool usable() const override { return usable_.load(); }
+
+ private:
+  struct Impl;  // keeps curl out of this header
+  std::string name_;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> usable_{true};
+};
+
+}  // namespace outbox::sinks
