@@ -1,12 +1,16 @@
 // The composition root: command line in, one of the subcommands out.
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
 
 #include "app/run.hpp"
 #include "config/config.hpp"
+#include "config/duration.hpp"
 #include "log/log.hpp"
 #include "postgres/admin.hpp"
 #include "postgres/migrations.hpp"
@@ -23,6 +27,14 @@ struct Options {
   std::string table;
   std::string log_level;
   bool json = false;
+  // failed / replay
+  std::string topic;
+  long long limit = 100;
+  std::vector<long long> ids;
+  bool all = false;
+  std::string older_than;
+  long long from_id = 0;
+  long long to_id = 0;
 };
 
 // The config for commands that only need the database: from --config if given, else from
@@ -69,9 +81,75 @@ int print_status(const outbox::config::Config& c, bool json) {
   return 0;
 }
 
+// A CLI11 check: the option's value must not be empty.
+std::string not_empty(const std::string& value) { return value.empty() ? "must not be empty" : ""; }
+
+std::optional<std::string> topic_filter(const Options& o) {
+  return o.topic.empty() ? std::nullopt : std::optional<std::string>(o.topic);
+}
+
+int print_dead_letters(const outbox::config::Config& c, const Options& o) {
+  const auto page = outbox::pg::list_dead_letters(c.database.url, c.database.table, topic_filter(o), o.limit);
+  if (o.json) {
+    nlohmann::json events = nlohmann::json::array();
+    for (const auto& d : page.rows) {
+      events.push_back({{"id", d.id}, {"topic", d.topic}, {"key", d.key}, {"attempts", d.attempts},
+                        {"dead_lettered_at", d.dead_lettered_at}, {"last_error", d.last_error}});
+    }
+    std::cout << nlohmann::json{{"total", page.total}, {"events", events}}.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("%-12s %-24s %-24s %8s  %-27s %s\n", "ID", "TOPIC", "KEY", "ATTEMPTS", "DEAD_LETTERED_AT", "LAST_ERROR");
+  for (const auto& d : page.rows) {
+    std::string error = d.last_error.substr(0, 200);
+    for (char& ch : error) {
+      if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
+    }
+    std::printf("%-12lld %-24s %-24s %8d  %-27s %s\n", d.id, d.topic.c_str(), d.key.c_str(), d.attempts,
+                d.dead_lettered_at.c_str(), error.c_str());
+  }
+  std::printf("%zu of %lld dead-lettered events shown%s\n", page.rows.size(), page.total,
+              static_cast<long long>(page.rows.size()) < page.total ? " (raise --limit to see more)" : "");
+  return 0;
+}
+
+// What a changing command did: a line for people, or one JSON object with --json
+// ({"action","count","id_ranges":[[first,last],...]} plus `extra`).
+void print_change(const char* action, const std::string& what, const outbox::pg::IdRanges& ids, bool json,
+                  nlohmann::json extra = nlohmann::json::object()) {
+  if (json) {
+    nlohmann::json ranges = nlohmann::json::array();
+    for (const auto& [first, last] : ids.ranges()) ranges.push_back({first, last});
+    extra.update(nlohmann::json{{"action", action}, {"count", ids.count()}, {"id_ranges", ranges}});
+    std::cout << extra.dump() << "\n";
+    return;
+  }
+  std::printf("%s %lld %s (ids: %s)\n", action, ids.count(), what.c_str(), ids.describe().c_str());
+}
+
+int retry_failed(const outbox::config::Config& c, const Options& o) {
+  outbox::pg::RetrySelection selection{o.ids, topic_filter(o), o.all};
+  const auto changed = outbox::pg::retry_dead_letters(c.database.url, c.database.table, c.database.channel, selection);
+  std::vector<long long> missed;  // --id values that were not dead letters
+  for (long long id : o.ids) {
+    bool hit = false;
+    for (const auto& [first, last] : changed.ranges()) hit = hit || (id >= first && id <= last);
+    if (!hit) missed.push_back(id);
+  }
+  print_change("retried", "dead-lettered events; they are pending again, attempts reset to 0", changed, o.json,
+               o.ids.empty() ? nlohmann::json::object() : nlohmann::json{{"unchanged_ids", missed}});
+  if (!o.json) {
+    for (long long id : missed) std::printf("unchanged: event %lld is not dead-lettered (or does not exist)\n", id);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // libpq waits forever for an unanswered connect by default; bound it so reconnect loops and
+  // shutdown stay responsive when the database host vanishes. The operator's value wins.
+  setenv("PGCONNECT_TIMEOUT", "10", /*overwrite=*/0);
   CLI::App app{"outbox-relay: moves events from a PostgreSQL outbox table to Kafka, webhooks and files"};
   app.set_version_flag("--version", std::string("outbox-relay ") + outbox::kVersion);
   app.require_subcommand(1);
@@ -88,13 +166,54 @@ int main(int argc, char** argv) {
   auto* migrate = app.add_subcommand("migrate", "Create or upgrade the outbox schema (idempotent)");
   auto* status = app.add_subcommand("status", "Pending, oldest pending age and dead letters per topic");
   status->add_flag("--json", o.json, "machine-readable output");
-  for (auto* sub : {run, migrate, status}) sub->fallthrough();
+
+  auto* failed = app.add_subcommand("failed", "Dead-lettered events: list, retry, purge");
+  failed->require_subcommand(1);
+  auto* failed_list = failed->add_subcommand("list", "Dead-lettered events, oldest first: id, topic, key, attempts, last_error");
+  failed_list->add_option("--topic", o.topic, "only events of this topic")->check(not_empty);
+  failed_list->add_option("--limit", o.limit, "show at most N events (default 100)")->check(CLI::PositiveNumber);
+  failed_list->add_flag("--json", o.json, "machine-readable output");
+  auto* failed_retry = failed->add_subcommand(
+      "retry", "Put dead-lettered events back to pending (attempts reset to 0, last_error kept until the next attempt)");
+  auto* selection = failed_retry->add_option_group("selection", "which dead letters (exactly one of)");
+  selection->add_option("--id", o.ids, "event id (repeatable)")->check(CLI::PositiveNumber);
+  selection->add_option("--topic", o.topic, "every dead letter of this topic")->check(not_empty);
+  selection->add_flag("--all", o.all, "every dead letter");
+  selection->require_option(1);
+  failed_retry->add_flag("--json", o.json, "machine-readable output");
+  auto* failed_purge = failed->add_subcommand("purge", "Delete dead-lettered events that were dead-lettered longer ago than a bound");
+  failed_purge->add_option("--older-than", o.older_than, "a duration such as 7d, 12h or 30m")->required();
+  failed_purge->add_option("--topic", o.topic, "only events of this topic")->check(not_empty);
+  failed_purge->add_flag("--json", o.json, "machine-readable output");
+
+  auto* replay = app.add_subcommand("replay", "Make processed events pending again, so that every routed sink gets them again");
+  replay->add_option("--from-id", o.from_id, "first event id")->required()->check(CLI::PositiveNumber);
+  auto* to_id = replay->add_option("--to-id", o.to_id, "last event id (default: no upper bound)")->check(CLI::PositiveNumber);
+  replay->add_option("--topic", o.topic, "only events of this topic")->check(not_empty);
+  replay->add_flag("--json", o.json, "machine-readable output");
+
+  for (auto* sub : {run, migrate, status, failed, failed_list, failed_retry, failed_purge, replay}) sub->fallthrough();
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitUsage;
+  }
+
+  std::chrono::milliseconds older_than{0};
+  if (*failed_purge) {
+    const auto parsed = outbox::config::parse_duration(o.older_than);
+    if (!parsed) {
+      std::fprintf(stderr, "outbox-relay: --older-than: expected a duration such as 7d, 12h or 30m, got '%s'\n",
+                   o.older_than.c_str());
+      return kExitUsage;
+    }
+    older_than = *parsed;
+  }
+  if (*replay && *to_id && o.to_id < o.from_id) {
+    std::fprintf(stderr, "outbox-relay: --to-id: must not be less than --from-id (%lld), got %lld\n", o.from_id, o.to_id);
+    return kExitUsage;
   }
 
   outbox::config::Config config;
@@ -117,6 +236,23 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*status) return print_status(config, o.json);
+    if (*failed_list) return print_dead_letters(config, o);
+    if (*failed_retry) return retry_failed(config, o);
+    if (*failed_purge) {
+      const auto purged = outbox::pg::purge_dead_letters(config.database.url, config.database.table, older_than,
+                                                         topic_filter(o));
+      print_change("purged", "dead-lettered events older than " + outbox::config::format_duration(older_than), purged,
+                   o.json);
+      return 0;
+    }
+    if (*replay) {
+      const auto replayed = outbox::pg::replay_processed(config.database.url, config.database.table,
+                                                         config.database.channel, o.from_id,
+                                                         *to_id ? std::optional<long long>(o.to_id) : std::nullopt,
+                                                         topic_filter(o));
+      print_change("replayed", "processed events; they are pending again", replayed, o.json);
+      return 0;
+    }
   } catch (const outbox::config::ConfigError& e) {
     std::fprintf(stderr, "outbox-relay: config error: %s\n", outbox::log::redact(e.what()).c_str());
     return kExitUsage;

@@ -9,6 +9,7 @@
 #include <regex>
 #include <thread>
 
+#include "app/ops.hpp"
 #include "core/bell.hpp"
 #include "core/health.hpp"
 #include "core/loop.hpp"
@@ -81,15 +82,17 @@ int run_relay(const config::Config& config) {
 
   Bell bell;
   Health health;
-  Metrics metrics;  // Prometheus metrics plug in here
+  // Declared before ops, whose threads read it, so that it outlives them.
+  pg::PgStoreOptions store_options{config.database.url, config.database.table, instance_id, config.relay.lease,
+                                   config.relay.on_success == config::OnSuccess::kDelete};
+  pg::PgStore store(store_options);
+  Ops ops(config, sinks, health, bell);  // binds http.listen: ConfigError (exit 2) if it cannot
+  Metrics& metrics = ops.metrics();
   SystemClock clock;
   std::mt19937_64 rng{std::random_device{}()};
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   auto jitter = [&] { return uniform(rng); };  // loop thread only
 
-  pg::PgStoreOptions store_options{config.database.url, config.database.table, instance_id, config.relay.lease,
-                                   config.relay.on_success == config::OnSuccess::kDelete};
-  pg::PgStore store(store_options);
   RelayLoop loop(store, sinks, router, clock, metrics,
                  LoopOptions{config.relay.batch_size, config.relay.max_attempts, config.relay.backoff}, jitter);
   RunnerOptions runner_options;
@@ -98,6 +101,7 @@ int run_relay(const config::Config& config) {
   Runner runner(loop, store, bell, metrics, health, runner_options, jitter);
 
   pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, runner_options.reconnect);
+  ops.start([&store] { return store.lanes_owned(); });
   listener.start();
   std::promise<void> finished;
   auto loop_done = finished.get_future();
@@ -136,6 +140,7 @@ int run_relay(const config::Config& config) {
   store.release_leases();
   store.disconnect();
   listener.join();  // the LISTEN thread ends because the bell is stopped
+  ops.stop();
   log::info("stopped", {{"exit_code", exit_code}});
   return exit_code;
 }

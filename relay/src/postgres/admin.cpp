@@ -1,11 +1,49 @@
 #include "postgres/admin.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 
 #include "postgres/session.hpp"
 
 namespace outbox::pg {
+namespace {
+
+// Maintenance sessions never wait long: a stuck statement must not pin a timer thread.
+constexpr const char* kSessionLimits =
+    "SET statement_timeout = '30s'; SET lock_timeout = '5s'; SET idle_in_transaction_session_timeout = '60s'";
+
+void limit_session(pqxx::connection& conn) {
+  pqxx::nontransaction tx(conn);
+  tx.exec(kSessionLimits);
+  tx.commit();
+}
+
+[[noreturn]] void fail(const char* what, const std::exception& e) {
+  throw std::runtime_error(std::string(what) + " failed: " + describe_error(e));
+}
+
+// Runs one batched write until a batch comes back short. `batch` runs in its own transaction,
+// gets the cursor (the highest id handled so far) and returns the ids it changed.
+template <class Batch>
+IdRanges in_batches(pqxx::connection& conn, long long cursor, Batch&& batch) {
+  IdRanges changed;
+  for (;;) {
+    pqxx::work tx(conn);
+    const auto rows = batch(tx, cursor);
+    tx.commit();
+    std::vector<long long> ids;
+    ids.reserve(rows.size());
+    for (const auto& row : rows) ids.push_back(row[0].template as<long long>());
+    std::sort(ids.begin(), ids.end());
+    for (long long id : ids) changed.add(id);
+    if (!ids.empty()) cursor = ids.back();
+    if (rows.size() < kAdminBatch) break;
+  }
+  return changed;
+}
+
+}  // namespace
 
 StatusReport query_status(const std::string& url, const std::string& table) {
   try {
@@ -30,7 +68,208 @@ StatusReport query_status(const std::string& url, const std::string& table) {
     }
     return report;
   } catch (const std::exception& e) {
-    throw std::runtime_error("status failed: " + describe_error(e));
+    fail("status", e);
+  }
+}
+
+void IdRanges::add(long long id) {
+  ++count_;
+  if (!ranges_.empty() && ranges_.back().second + 1 == id) {
+    ranges_.back().second = id;
+  } else {
+    ranges_.emplace_back(id, id);
+  }
+}
+
+std::string IdRanges::describe(std::size_t max_ranges) const {
+  if (ranges_.empty()) return "none";
+  std::string out;
+  const std::size_t shown = std::min(max_ranges, ranges_.size());
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& [first, last] = ranges_[i];
+    if (i > 0) out += ", ";
+    out += std::to_string(first);
+    if (last != first) out += "-" + std::to_string(last);
+  }
+  if (shown < ranges_.size()) out += ", ... (" + std::to_string(ranges_.size() - shown) + " more ranges)";
+  return out;
+}
+
+DeadLetterPage list_dead_letters(const std::string& url, const std::string& table,
+                                 const std::optional<std::string>& topic, long long limit) {
+  try {
+    auto conn = open_session(url, "failed list");
+    pqxx::read_transaction tx(*conn);
+    const auto rows = tx.exec_params(
+        "SELECT id, topic, aggregate_id, attempts, "
+        "  to_char(dead_lettered_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
+        "  coalesce(last_error, ''), count(*) OVER () "
+        "FROM " + table + " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
+        "  AND (NOT $2 OR topic = $1) "
+        "ORDER BY id LIMIT $3",
+        topic.value_or(""), topic.has_value(), limit);
+    DeadLetterPage page;
+    for (const auto& row : rows) {
+      DeadLetter d;
+      d.id = row[0].as<long long>();
+      d.topic = row[1].as<std::string>();
+      d.key = row[2].as<std::string>();
+      d.attempts = row[3].as<int>();
+      d.dead_lettered_at = row[4].as<std::string>();
+      d.last_error = row[5].as<std::string>();
+      page.total = row[6].as<long long>();
+      page.rows.push_back(std::move(d));
+    }
+    if (page.rows.empty() && limit > 0) page.total = 0;
+    return page;
+  } catch (const std::exception& e) {
+    fail("failed list", e);
+  }
+}
+
+IdRanges retry_dead_letters(const std::string& url, const std::string& table, const std::string& channel,
+                            const RetrySelection& selection) {
+  try {
+    auto conn = open_session(url, "failed retry");
+    const std::string ids = int_array(selection.ids.data(), selection.ids.data() + selection.ids.size());
+    const bool by_ids = !selection.ids.empty();
+    return in_batches(*conn, 0, [&](pqxx::work& tx, long long cursor) {
+      auto rows = tx.exec_params(
+          "WITH picked AS (SELECT id FROM " + table + " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
+          "    AND id > $1 AND (NOT $3 OR topic = $2) AND (NOT $5 OR id = ANY($4::bigint[])) "
+          "    ORDER BY id LIMIT $6 FOR UPDATE) "
+          "UPDATE " + table + " AS e SET dead_lettered_at = NULL, attempts = 0, next_attempt_at = '-infinity', "
+          "  lease_owner = NULL, lease_until = NULL "
+          "FROM picked WHERE e.id = picked.id RETURNING e.id",
+          cursor, selection.topic.value_or(""), selection.topic.has_value(), ids, by_ids,
+          static_cast<long long>(kAdminBatch));
+      if (!rows.empty()) tx.exec_params("SELECT pg_notify($1, '')", channel);
+      return rows;
+    });
+  } catch (const std::exception& e) {
+    fail("failed retry", e);
+  }
+}
+
+IdRanges purge_dead_letters(const std::string& url, const std::string& table, std::chrono::milliseconds older_than,
+                            const std::optional<std::string>& topic) {
+  try {
+    auto conn = open_session(url, "failed purge");
+    return in_batches(*conn, 0, [&](pqxx::work& tx, long long cursor) {
+      return tx.exec_params(
+          "DELETE FROM " + table + " WHERE id = ANY(ARRAY("
+          "  SELECT id FROM " + table + " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
+          "    AND dead_lettered_at < now() - $1 * interval '1 millisecond' "
+          "    AND id > $2 AND (NOT $4 OR topic = $3) "
+          "    ORDER BY id LIMIT $5 FOR UPDATE)) "
+          "RETURNING id",
+          static_cast<long long>(older_than.count()), cursor, topic.value_or(""), topic.has_value(),
+          static_cast<long long>(kAdminBatch));
+    });
+  } catch (const std::exception& e) {
+    fail("failed purge", e);
+  }
+}
+
+IdRanges replay_processed(const std::string& url, const std::string& table, const std::string& channel,
+                          long long from_id, std::optional<long long> to_id, const std::optional<std::string>& topic) {
+  try {
+    auto conn = open_session(url, "replay");
+    const long long last = to_id.value_or(std::numeric_limits<long long>::max());
+    return in_batches(*conn, from_id - 1, [&](pqxx::work& tx, long long cursor) {
+      auto rows = tx.exec_params(
+          "WITH picked AS (SELECT id FROM " + table + " WHERE processed_at IS NOT NULL "
+          "    AND id > $1 AND id <= $2 AND (NOT $4 OR topic = $3) "
+          "    ORDER BY id LIMIT $5 FOR UPDATE) "
+          "UPDATE " + table + " AS e SET processed_at = NULL, sinks_done = '{}', attempts = 0, "
+          "  next_attempt_at = '-infinity', dead_lettered_at = NULL, lease_owner = NULL, lease_until = NULL "
+          "FROM picked WHERE e.id = picked.id RETURNING e.id",
+          cursor, last, topic.value_or(""), topic.has_value(), static_cast<long long>(kAdminBatch));
+      if (!rows.empty()) tx.exec_params("SELECT pg_notify($1, '')", channel);
+      return rows;
+    });
+  } catch (const std::exception& e) {
+    fail("replay", e);
+  }
+}
+
+struct BacklogProbe::Impl {
+  std::string url;
+  std::string sql;
+  std::unique_ptr<pqxx::connection> conn;
+};
+
+BacklogProbe::BacklogProbe(std::string url, std::string table) : impl_(std::make_unique<Impl>()) {
+  impl_->url = std::move(url);
+  // Count over the pending partial index; the oldest pending row is the lowest pending id
+  // (ids and created_at both come from the insert, and writers cannot set created_at), which
+  // the same index finds without a scan.
+  impl_->sql =
+      "SELECT (SELECT count(*) FROM " + table + " WHERE processed_at IS NULL AND dead_lettered_at IS NULL), "
+      "  coalesce((SELECT greatest(extract(epoch FROM now() - created_at), 0)::float8 FROM " + table +
+      "            WHERE processed_at IS NULL AND dead_lettered_at IS NULL ORDER BY id LIMIT 1), 0), "
+      "  pg_notification_queue_usage()::float8";
+}
+
+BacklogProbe::~BacklogProbe() = default;
+
+BacklogProbe::Reading BacklogProbe::read() {
+  auto& im = *impl_;
+  try {
+    if (!im.conn) {
+      auto conn = open_session(im.url, "metrics");
+      limit_session(*conn);
+      im.conn = std::move(conn);
+    }
+    pqxx::nontransaction tx(*im.conn);
+    const auto row = tx.exec1(im.sql);
+    return {row[0].as<long long>(), row[1].as<double>(), row[2].as<double>()};
+  } catch (const std::exception& e) {
+    im.conn.reset();
+    fail("backlog query", e);
+  }
+}
+
+struct RetentionSweeper::Impl {
+  std::string url;
+  std::string sql;
+  std::size_t batch = kAdminBatch;
+  std::unique_ptr<pqxx::connection> conn;
+};
+
+RetentionSweeper::RetentionSweeper(std::string url, std::string table, std::size_t batch)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->url = std::move(url);
+  impl_->batch = batch;
+  // The inner SELECT walks the processed_at index from the oldest row; SKIP LOCKED passes over
+  // rows an operator command holds. dead_lettered_at IS NULL is implied (dead letters are never
+  // processed) and stated anyway: retention must never delete a dead letter.
+  impl_->sql = "DELETE FROM " + table + " WHERE id = ANY(ARRAY("
+               "  SELECT id FROM " + table + " WHERE processed_at < now() - $1 * interval '1 millisecond' "
+               "    AND dead_lettered_at IS NULL "
+               "  ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED))";
+}
+
+RetentionSweeper::~RetentionSweeper() = default;
+
+std::size_t RetentionSweeper::batch_size() const { return impl_->batch; }
+
+std::size_t RetentionSweeper::delete_batch(std::chrono::milliseconds older_than) {
+  auto& im = *impl_;
+  try {
+    if (!im.conn) {
+      auto conn = open_session(im.url, "retention");
+      limit_session(*conn);
+      im.conn = std::move(conn);
+    }
+    pqxx::work tx(*im.conn);
+    const auto result = tx.exec_params(im.sql, static_cast<long long>(older_than.count()),
+                                       static_cast<long long>(im.batch));
+    tx.commit();
+    return static_cast<std::size_t>(result.affected_rows());
+  } catch (const std::exception& e) {
+    im.conn.reset();
+    fail("retention", e);
   }
 }
 

@@ -1,9 +1,27 @@
 #pragma once
-// Operator queries: status now; failed/replay tools build on the same session helpers.
+// Operator queries and the relay's maintenance sessions:
+// - `status`, `failed list|retry|purge`, `replay` (one short-lived session per command);
+// - BacklogProbe (the gauges behind /metrics) and RetentionSweeper (relay.retention), each on a
+//   dedicated session of its own, never the loop's.
+//
+// Every write works in batches of at most kAdminBatch rows, one short transaction each, so that
+// no command holds row locks on a large part of the table; the relay's claims skip rows an
+// operator command has locked (FOR UPDATE SKIP LOCKED) and take them once it commits.
+// Retry and replay NOTIFY the relay's channel in each batch's transaction, so a running relay
+// picks the rows up at once.
+//
+// Errors: std::runtime_error with the password masked.
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace outbox::pg {
+
+inline constexpr std::size_t kAdminBatch = 5000;
 
 struct TopicStatus {
   std::string topic;
@@ -19,7 +37,105 @@ struct StatusReport {
   long long dead_lettered = 0;
 };
 
-// Throws std::runtime_error (password masked).
 StatusReport query_status(const std::string& url, const std::string& table);
+
+// Ids touched by a command, kept as ascending ranges: a replay of a million rows stays small.
+class IdRanges {
+ public:
+  // Ids must come in ascending order for ranges to merge; any order is still correct.
+  void add(long long id);
+  long long count() const { return count_; }
+  const std::vector<std::pair<long long, long long>>& ranges() const { return ranges_; }
+  // "3-7, 9, 12-13"; after max_ranges ranges: ", ... (N more ranges)". "none" when empty.
+  std::string describe(std::size_t max_ranges = 20) const;
+
+ private:
+  std::vector<std::pair<long long, long long>> ranges_;
+  long long count_ = 0;
+};
+
+struct DeadLetter {
+  long long id = 0;
+  std::string topic;
+  std::string key;
+  int attempts = 0;
+  std::string dead_lettered_at;  // RFC 3339, UTC
+  std::string last_error;
+};
+
+struct DeadLetterPage {
+  std::vector<DeadLetter> rows;  // ascending id, at most the limit
+  long long total = 0;           // all dead letters matching the filter
+};
+
+// Dead letters (dead_lettered_at set, not processed), oldest id first.
+DeadLetterPage list_dead_letters(const std::string& url, const std::string& table,
+                                 const std::optional<std::string>& topic, long long limit);
+
+// Which dead letters `failed retry` puts back. Exactly one of ids, topic, all.
+struct RetrySelection {
+  std::vector<long long> ids;
+  std::optional<std::string> topic;
+  bool all = false;
+};
+
+// Puts dead letters back to pending: dead_lettered_at NULL, attempts 0, next_attempt_at
+// -infinity, lease cleared. last_error is kept (the last failure stays visible until a new
+// attempt overwrites it) and so is sinks_done (a sink that acknowledged gets no duplicate).
+IdRanges retry_dead_letters(const std::string& url, const std::string& table, const std::string& channel,
+                            const RetrySelection& selection);
+
+// Deletes dead letters whose dead_lettered_at is older than now - older_than (optionally of one
+// topic). Never touches pending or processed rows.
+IdRanges purge_dead_letters(const std::string& url, const std::string& table, std::chrono::milliseconds older_than,
+                            const std::optional<std::string>& topic);
+
+// Makes processed events with from_id <= id <= to_id (optionally of one topic) pending again:
+// processed_at NULL, sinks_done '{}', attempts 0, next_attempt_at -infinity. Pending and
+// dead-lettered rows in the range are left alone.
+IdRanges replay_processed(const std::string& url, const std::string& table, const std::string& channel,
+                          long long from_id, std::optional<long long> to_id, const std::optional<std::string>& topic);
+
+// The backlog gauges: one statement on a dedicated session, opened on first use and reopened
+// after a failure. One thread at a time.
+class BacklogProbe {
+ public:
+  struct Reading {
+    long long pending = 0;
+    double oldest_pending_age_seconds = 0;
+    double notification_queue_usage = 0;
+  };
+
+  BacklogProbe(std::string url, std::string table);
+  ~BacklogProbe();
+  BacklogProbe(const BacklogProbe&) = delete;
+  BacklogProbe& operator=(const BacklogProbe&) = delete;
+
+  Reading read();  // throws std::runtime_error; the session is dropped and reopened next time
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// relay.retention: deletes processed rows older than the bound, kAdminBatch ids per short
+// transaction, skipping rows another session has locked. Dead-lettered and pending rows are
+// never deleted. Dedicated session, one thread at a time.
+class RetentionSweeper {
+ public:
+  RetentionSweeper(std::string url, std::string table, std::size_t batch = kAdminBatch);
+  ~RetentionSweeper();
+  RetentionSweeper(const RetentionSweeper&) = delete;
+  RetentionSweeper& operator=(const RetentionSweeper&) = delete;
+
+  // Deletes one batch; returns the rows deleted (less than the batch size: nothing more is due).
+  // Throws std::runtime_error; the session is dropped and reopened next time.
+  std::size_t delete_batch(std::chrono::milliseconds older_than);
+  std::size_t batch_size() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace outbox::pg

@@ -1,0 +1,210 @@
+#include "http/prometheus_metrics.hpp"
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <algorithm>
+#include <array>
+#include <unordered_map>
+
+namespace outbox::http {
+namespace {
+
+using prometheus::Counter;
+using prometheus::Family;
+using prometheus::Gauge;
+using prometheus::Histogram;
+
+constexpr const char* kRelayLabel = "relay";  // the loop's label for events no sink saw
+
+// From a few milliseconds (a local broker) to an hour (an event that waited for retries).
+const Histogram::BucketBoundaries kLatencyBuckets{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,    2.5,
+                                                  5,     10,   30,    60,   120, 300,  600, 1800, 3600};
+const Histogram::BucketBoundaries kClaimBuckets{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                0.1,    0.25,  0.5,    1,     2.5,  5};
+const Histogram::BucketBoundaries kPublishBuckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                  0.5,   1,      2.5,   5,    10,    30,   60};
+
+constexpr std::array kWakeSources{WakeSource::kNotify, WakeSource::kSweep, WakeSource::kRetry, WakeSource::kStartup};
+
+}  // namespace
+
+const char* wake_source_label(WakeSource source) {
+  switch (source) {
+    case WakeSource::kNotify: return "notify";
+    case WakeSource::kSweep: return "sweep";
+    case WakeSource::kRetry: return "retry";
+    case WakeSource::kStartup: return "startup";
+  }
+  return "unknown";
+}
+
+struct PrometheusMetrics::Impl {
+  struct SinkSeries {
+    Counter* published = nullptr;
+    Counter* retried = nullptr;
+    Counter* dead_lettered = nullptr;
+    Histogram* latency = nullptr;
+    Histogram* publish = nullptr;
+  };
+
+  prometheus::Registry registry;
+  Family<Counter>& published = prometheus::BuildCounter()
+                                   .Name("outbox_relay_events_published_total")
+                                   .Help("Events the sink acknowledged (Kafka delivery report, HTTP 2xx, fsync)")
+                                   .Register(registry);
+  Family<Counter>& retried = prometheus::BuildCounter()
+                                 .Name("outbox_relay_events_retried_total")
+                                 .Help("Event deliveries that failed and were scheduled for a retry")
+                                 .Register(registry);
+  Family<Counter>& dead_lettered =
+      prometheus::BuildCounter()
+          .Name("outbox_relay_events_dead_lettered_total")
+          .Help("Events given up on (permanent error or max_attempts); sink=\"relay\" when the relay rejected the "
+                "event itself (invalid headers, no route)")
+          .Register(registry);
+  Family<Histogram>& latency = prometheus::BuildHistogram()
+                                   .Name("outbox_relay_delivery_latency_seconds")
+                                   .Help("From the event's created_at to the sink's acknowledgement")
+                                   .Register(registry);
+  Family<Histogram>& publish = prometheus::BuildHistogram()
+                                   .Name("outbox_relay_publish_duration_seconds")
+                                   .Help("Time one sink took to publish one batch")
+                                   .Register(registry);
+  Family<Histogram>& claim_family = prometheus::BuildHistogram()
+                                        .Name("outbox_relay_claim_duration_seconds")
+                                        .Help("Time of one claim statement (lease a batch of due events)")
+                                        .Register(registry);
+  Family<Counter>& wakeups = prometheus::BuildCounter()
+                                 .Name("outbox_relay_wakeups_total")
+                                 .Help("Why the loop woke up to claim: notify (LISTEN bell), sweep (timer), retry "
+                                       "(a retry fell due), startup (catch-up after (re)connecting LISTEN)")
+                                 .Register(registry);
+  Counter& reconnects = prometheus::BuildCounter()
+                            .Name("outbox_relay_db_reconnects_total")
+                            .Help("Database sessions (work or LISTEN) restored after a loss")
+                            .Register(registry)
+                            .Add({});
+  Gauge& ready_gauge = prometheus::BuildGauge()
+                           .Name("outbox_relay_ready")
+                           .Help("1 while the database and LISTEN sessions are up and every sink is usable")
+                           .Register(registry)
+                           .Add({});
+  Gauge& pending = prometheus::BuildGauge()
+                       .Name("outbox_relay_pending_events")
+                       .Help("Events neither delivered nor dead-lettered, whole table (refreshed on a timer)")
+                       .Register(registry)
+                       .Add({});
+  Gauge& oldest = prometheus::BuildGauge()
+                      .Name("outbox_relay_oldest_pending_age_seconds")
+                      .Help("Age of the oldest pending event, 0 when none (refreshed on a timer)")
+                      .Register(registry)
+                      .Add({});
+  Gauge& notify_queue = prometheus::BuildGauge()
+                            .Name("outbox_relay_notification_queue_usage")
+                            .Help("pg_notification_queue_usage(): fraction of the NOTIFY queue in use, 0..1")
+                            .Register(registry)
+                            .Add({});
+  Gauge& lanes = prometheus::BuildGauge()
+                     .Name("outbox_relay_lanes_owned")
+                     .Help("Ordering lanes (of 64) this instance currently publishes")
+                     .Register(registry)
+                     .Add({});
+  Counter& retention = prometheus::BuildCounter()
+                           .Name("outbox_relay_retention_deleted_total")
+                           .Help("Processed rows deleted by relay.retention")
+                           .Register(registry)
+                           .Add({});
+  Family<Gauge>& build_info = prometheus::BuildGauge()
+                                  .Name("outbox_relay_build_info")
+                                  .Help("Always 1; the version is in the label")
+                                  .Register(registry);
+  Histogram* claim = nullptr;
+  std::array<Counter*, kWakeSources.size()> wakeup_by_source{};
+  std::unordered_map<std::string, SinkSeries> sinks;  // written in the constructor only
+
+  SinkSeries make_series(const std::string& sink) {
+    const prometheus::Labels labels{{"sink", sink}};
+    return {&published.Add(labels), &retried.Add(labels), &dead_lettered.Add(labels),
+            &latency.Add(labels, kLatencyBuckets), &publish.Add(labels, kPublishBuckets)};
+  }
+
+  // Family::Add locks and returns the existing series for known labels, so the fallback for a
+  // sink that was not announced is safe from any thread.
+  SinkSeries series(const std::string& sink) {
+    if (auto it = sinks.find(sink); it != sinks.end()) return it->second;
+    return make_series(sink);
+  }
+};
+
+PrometheusMetrics::PrometheusMetrics(const std::vector<std::string>& sink_names, const std::string& version)
+    : impl_(std::make_unique<Impl>()) {
+  auto& im = *impl_;
+  im.claim = &im.claim_family.Add({}, kClaimBuckets);
+  for (std::size_t i = 0; i < kWakeSources.size(); ++i) {
+    im.wakeup_by_source[i] = &im.wakeups.Add({{"source", wake_source_label(kWakeSources[i])}});
+  }
+  for (const auto& name : sink_names) im.sinks.emplace(name, im.make_series(name));
+  if (!im.sinks.count(kRelayLabel)) {
+    im.sinks.emplace(kRelayLabel, Impl::SinkSeries{nullptr, nullptr, &im.dead_lettered.Add({{"sink", kRelayLabel}}),
+                                                   nullptr, nullptr});
+  }
+  im.build_info.Add({{"version", version}}).Set(1);
+}
+
+PrometheusMetrics::~PrometheusMetrics() = default;
+
+void PrometheusMetrics::claimed(std::size_t /*events*/, double seconds) { impl_->claim->Observe(seconds); }
+
+void PrometheusMetrics::published(const std::string& sink, std::size_t /*events*/, double seconds) {
+  auto s = impl_->series(sink);
+  if (!s.publish) s = impl_->make_series(sink);
+  s.publish->Observe(seconds);
+}
+
+void PrometheusMetrics::delivered(const std::string& sink, double commit_to_ack_seconds) {
+  auto s = impl_->series(sink);
+  if (!s.published) s = impl_->make_series(sink);
+  s.published->Increment();
+  // Clocks of the database and this host may disagree by a little: never observe a negative.
+  s.latency->Observe(std::max(0.0, commit_to_ack_seconds));
+}
+
+void PrometheusMetrics::retried(const std::string& sink) {
+  auto s = impl_->series(sink);
+  if (!s.retried) s = impl_->make_series(sink);
+  s.retried->Increment();
+}
+
+void PrometheusMetrics::dead_lettered(const std::string& sink) { impl_->series(sink).dead_lettered->Increment(); }
+
+void PrometheusMetrics::wakeup(WakeSource source) {
+  for (std::size_t i = 0; i < kWakeSources.size(); ++i) {
+    if (kWakeSources[i] == source) impl_->wakeup_by_source[i]->Increment();
+  }
+}
+
+void PrometheusMetrics::reconnected() { impl_->reconnects.Increment(); }
+
+void PrometheusMetrics::ready(bool is_ready) { impl_->ready_gauge.Set(is_ready ? 1 : 0); }
+
+void PrometheusMetrics::lanes_owned(int count) { impl_->lanes.Set(count); }
+
+void PrometheusMetrics::backlog(const BacklogGauges& values) {
+  impl_->pending.Set(static_cast<double>(values.pending));
+  impl_->oldest.Set(values.oldest_pending_age_seconds);
+  impl_->notify_queue.Set(values.notification_queue_usage);
+}
+
+void PrometheusMetrics::retention_deleted(long long rows) {
+  if (rows > 0) impl_->retention.Increment(static_cast<double>(rows));
+}
+
+std::string PrometheusMetrics::scrape() const {
+  return prometheus::TextSerializer{}.Serialize(impl_->registry.Collect());
+}
+
+}  // namespace outbox::http

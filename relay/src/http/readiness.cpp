@@ -1,0 +1,32 @@
+#include "http/readiness.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace outbox::http {
+
+std::string Readiness::to_json(const char* key) const {
+  nlohmann::json body{{key, ready}};
+  if (!reasons.empty()) body["reasons"] = reasons;
+  return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Readiness evaluate_readiness(const Health& health, const std::vector<const Sink*>& sinks, bool stopping) {
+  Readiness r;
+  if (stopping) r.reasons.emplace_back("shutting down");
+  if (!health.store_up.load()) r.reasons.emplace_back("database session down");
+  if (!health.listener_up.load()) r.reasons.emplace_back("LISTEN session down");
+  for (const Sink* sink : sinks) {
+    if (!sink->usable()) r.reasons.push_back("sink '" + sink->name() + "' not usable");
+  }
+  r.ready = r.reasons.empty();
+  return r;
+}
+
+Readiness evaluate_liveness(const Health& health) {
+  Readiness r;
+  if (!health.loop_running.load()) r.reasons.emplace_back("relay loop not running");
+  r.ready = r.reasons.empty();
+  return r;
+}
+
+}  // namespace outbox::http

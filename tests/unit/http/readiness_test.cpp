@@ -1,0 +1,66 @@
+// /readyz and /healthz decisions.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "http/readiness.hpp"
+
+using namespace outbox;
+
+namespace {
+
+class FakeSink final : public Sink {
+ public:
+  FakeSink(std::string name, bool usable) : name_(std::move(name)), usable_(usable) {}
+  const std::string& name() const override { return name_; }
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    return std::vector<Outcome>(events.size(), Outcome::delivered());
+  }
+  bool usable() const override { return usable_; }
+
+ private:
+  std::string name_;
+  bool usable_;
+};
+
+}  // namespace
+
+TEST_CASE("ready only with both sessions up and every sink usable") {
+  Health h;
+  FakeSink good("kafka", true);
+  FakeSink bad("hooks", false);
+  std::vector<const Sink*> sinks{&good};
+
+  auto r = http::evaluate_readiness(h, sinks, false);
+  CHECK_FALSE(r.ready);
+  CHECK(r.reasons == std::vector<std::string>{"database session down", "LISTEN session down"});
+
+  h.store_up = true;
+  r = http::evaluate_readiness(h, sinks, false);
+  CHECK(r.reasons == std::vector<std::string>{"LISTEN session down"});
+
+  h.listener_up = true;
+  r = http::evaluate_readiness(h, sinks, false);
+  CHECK(r.ready);
+  CHECK(r.reasons.empty());
+  CHECK(nlohmann::json::parse(r.to_json("ready")) == nlohmann::json{{"ready", true}});
+
+  sinks.push_back(&bad);
+  r = http::evaluate_readiness(h, sinks, false);
+  CHECK_FALSE(r.ready);
+  CHECK(r.reasons == std::vector<std::string>{"sink 'hooks' not usable"});
+  CHECK(nlohmann::json::parse(r.to_json("ready")) ==
+        nlohmann::json{{"ready", false}, {"reasons", {"sink 'hooks' not usable"}}});
+
+  r = http::evaluate_readiness(h, {&good}, true);
+  CHECK_FALSE(r.ready);
+  CHECK(r.reasons == std::vector<std::string>{"shutting down"});
+}
+
+TEST_CASE("alive while the loop runs, whatever the database does") {
+  Health h;
+  CHECK_FALSE(http::evaluate_liveness(h).ready);
+  h.loop_running = true;
+  CHECK(http::evaluate_liveness(h).ready);
+  CHECK(nlohmann::json::parse(http::evaluate_liveness(h).to_json("alive")) == nlohmann::json{{"alive", true}});
+}
