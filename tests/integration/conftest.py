@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -166,14 +167,31 @@ class Relay:
         self._stdout.close()
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    base = Path(tempfile.mkdtemp(prefix="outbox-it-"))
+@contextlib.contextmanager
+def throwaway_cluster(prefix="outbox-it-"):
+    """A PostgreSQL cluster in a temp dir, stopped and deleted afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(base, 0o755)
     c = Cluster(base / "pg")
-    yield c
-    subprocess.call([str(PG_CLUSTER), "stop", str(c.dir)])
-    subprocess.call(["rm", "-rf", str(base)])
+    try:
+        yield c
+    finally:
+        subprocess.call([str(PG_CLUSTER), "stop", str(c.dir)])
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    with throwaway_cluster() as c:
+        yield c
+
+
+def run_config(workdir: Path, config: dict, timeout=10) -> subprocess.CompletedProcess:
+    """`outbox-relay run` on a config, with a bare environment (no DATABASE_URL to fall back on)."""
+    path = workdir / "config-under-test.yaml"
+    path.write_text(yaml_config(config))
+    return subprocess.run([str(RELAY_BIN), "run", "--config", str(path)], capture_output=True, text=True,
+                          timeout=timeout, env={"PATH": "/usr/bin:/bin"})
 
 
 @pytest.fixture

@@ -1,17 +1,14 @@
 """Issue 2: the relay core against a real Postgres, with real signals and kills."""
 from __future__ import annotations
 
-import collections
 import json
 import signal
-import subprocess
-import threading
 import time
 
 import psycopg
 import pytest
 
-from conftest import RELAY_BIN, Writers, base_config, read_jsonl, run_cli, wait_until
+from conftest import Writers, base_config, read_jsonl, run_cli, run_config, wait_until
 
 
 def file_sink(path):
@@ -246,10 +243,7 @@ def test_8_bad_config_exits_2_naming_the_key(workdir, override, expected):
     config = {"database": {"url": "postgresql://relay:hunter22@127.0.0.1:1/app"},
               "sinks": [{"name": "a", "type": "stdout"}]}
     config.update(override)
-    path = workdir / "bad.yaml"
-    path.write_text(json.dumps(config))
-    proc = subprocess.run([str(RELAY_BIN), "run", "--config", str(path)], capture_output=True, text=True,
-                          timeout=10, env={"PATH": "/usr/bin:/bin"})
+    proc = run_config(workdir, config)
     assert proc.returncode == 2, proc.stderr
     assert expected in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

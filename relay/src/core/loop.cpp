@@ -7,6 +7,7 @@ namespace outbox {
 namespace {
 
 constexpr std::size_t kMaxTrackedRetries = 100000;
+constexpr std::chrono::milliseconds kRetrySlack{20};
 constexpr const char* kNoSink = "relay";  // metric label when the relay itself rejects an event
 
 double seconds_between(Clock::SteadyTime from, Clock::SteadyTime to) {
@@ -67,6 +68,15 @@ std::optional<Clock::SteadyTime> RelayLoop::next_retry_due() const {
 void RelayLoop::flush_pending() {
   if (pending_.empty()) return;
   store_.complete(pending_);  // throws StoreUnavailable: pending_ stays for the next try
+  // The store computes next_attempt_at from its own clock during complete(); counting the delay
+  // from now, after it returned (plus a little slack), never wakes the runner before the row
+  // is due, which would find nothing to claim and forget the wakeup.
+  const auto now = clock_.now();
+  for (const auto& c : pending_) {
+    if (c.kind == Completion::Kind::kRetry && retry_due_.size() < kMaxTrackedRetries) {
+      retry_due_.insert(now + c.delay + kRetrySlack);
+    }
+  }
   pending_.clear();
 }
 
@@ -158,7 +168,6 @@ std::vector<Completion> RelayLoop::decide(std::vector<Event>& events, BatchResul
     }
   }
 
-  const auto now = clock_.now();
   std::vector<Completion> completions;
   completions.reserve(events.size());
   for (std::size_t i = 0; i < events.size(); ++i) {
@@ -178,7 +187,6 @@ std::vector<Completion> RelayLoop::decide(std::vector<Event>& events, BatchResul
       c.kind = Completion::Kind::kRetry;
       c.error = std::move(verdict.retry_reason);
       c.delay = backoff_delay(options_.backoff, attempts, jitter01_(), verdict.retry_after);
-      if (retry_due_.size() < kMaxTrackedRetries) retry_due_.insert(now + c.delay);
       ++result.retried;
     } else if (verdict.deferred) {
       c.kind = Completion::Kind::kRelease;

@@ -33,7 +33,9 @@ void Runner::drain() {
       log::debug("batch done", {{"claimed", r.claimed}, {"delivered", r.delivered},
                                 {"retried", r.retried}, {"dead_lettered", r.dead_lettered}});
     }
-    if (r.claimed < full) break;
+    // A short claim means caught up, unless the sink released events it had no time to send:
+    // those are claimable again at once.
+    if (r.claimed < full && r.released == 0) break;
   }
 }
 
