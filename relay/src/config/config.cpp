@@ -21,6 +21,8 @@ const std::vector<SinkType>& sink_table() {
   static const std::vector<SinkType> kTypes{
       {"stdout", [](Section& s) -> SinkSettings { return sinks::parse_stdout_sink(s); }},
       {"file", [](Section& s) -> SinkSettings { return sinks::parse_file_sink(s); }},
+      {"webhook", [](Section& s) -> SinkSettings { return sinks::parse_webhook_sink(s); }},
+      {"kafka", [](Section& s) -> SinkSettings { return sinks::parse_kafka_sink(s); }},
   };
   return kTypes;
 }
@@ -62,6 +64,17 @@ RelaySection parse_relay(Section& s) {
   c.shutdown_timeout = s.duration_or("shutdown_timeout", c.shutdown_timeout);
   c.rebalance_interval = s.duration_or("rebalance_interval", c.rebalance_interval);
   c.instance_id = s.string_or("instance_id", "");
+  if (auto retention = s.optional_string("retention"); retention && *retention != "off") {
+    c.retention = parse_duration(*retention);
+    if (!c.retention || *c.retention < std::chrono::seconds{1}) {
+      throw ConfigError(s.key_path("retention") + ": expected a duration of at least 1s such as 168h or 7d, or off, got '" +
+                        *retention + "'");
+    }
+  }
+  c.retention_interval = s.duration_or("retention_interval", c.retention_interval);
+  if (c.retention_interval < std::chrono::seconds{1}) {
+    throw ConfigError(s.key_path("retention_interval") + ": must be at least 1s, got " + format_duration(c.retention_interval));
+  }
   for (const auto& [key, value] : {std::pair{"lease", c.lease}, {"sweep_interval", c.sweep_interval},
                                    {"rebalance_interval", c.rebalance_interval}}) {
     if (value < std::chrono::milliseconds{100}) {
@@ -77,8 +90,12 @@ HttpConfig parse_http(Section& s) {
   c.enabled = s.boolean_or("enabled", c.enabled);
   c.listen = s.string_or("listen", c.listen);
   static const std::regex kListen("(\\[[0-9a-fA-F:.]+\\]|[A-Za-z0-9.-]+):[0-9]{1,5}");
-  if (!std::regex_match(c.listen, kListen)) {
+  if (!std::regex_match(c.listen, kListen) || std::stoi(c.listen.substr(c.listen.rfind(':') + 1)) > 65535) {
     throw ConfigError(s.key_path("listen") + ": expected host:port such as 127.0.0.1:9187, got '" + c.listen + "'");
+  }
+  c.refresh_interval = s.duration_or("refresh_interval", c.refresh_interval);
+  if (c.refresh_interval < std::chrono::milliseconds{100}) {
+    throw ConfigError(s.key_path("refresh_interval") + ": must be at least 100ms, got " + format_duration(c.refresh_interval));
   }
   s.finish();
   return c;
@@ -95,7 +112,11 @@ SinkConfig parse_sink(Section& s, std::set<std::string>& names) {
     throw ConfigError(s.key_path("name") + ": duplicate sink name '" + c.name + "'");
   }
   c.type = s.choice_or("type", "", sink_types());
-  if (c.type.empty()) throw ConfigError(s.key_path("type") + ": required, expected one of: stdout, file");
+  if (c.type.empty()) {
+    std::string all;
+    for (const auto& t : sink_types()) all += (all.empty() ? "" : ", ") + t;
+    throw ConfigError(s.key_path("type") + ": required, expected one of: " + all);
+  }
   for (const auto& t : sink_table()) {
     if (c.type == t.name) c.settings = t.parse(s);
   }
@@ -178,6 +199,8 @@ nlohmann::json describe(const Config& c) {
       j["path"] = f->path;
       j["fsync"] = f->fsync;
     }
+    if (const auto* w = std::get_if<sinks::WebhookSinkConfig>(&s.settings)) j.update(sinks::describe_webhook_sink(*w));
+    if (const auto* k = std::get_if<sinks::KafkaSinkConfig>(&s.settings)) j.update(sinks::describe_kafka_sink(*k));
     sinks.push_back(std::move(j));
   }
   nlohmann::json routes = nlohmann::json::array();
@@ -192,8 +215,11 @@ nlohmann::json describe(const Config& c) {
         {"backoff", {{"initial", format_duration(c.relay.backoff.initial)}, {"max", format_duration(c.relay.backoff.max)}}},
         {"on_success", c.relay.on_success == OnSuccess::kDelete ? "delete" : "mark"},
         {"shutdown_timeout", format_duration(c.relay.shutdown_timeout)},
-        {"rebalance_interval", format_duration(c.relay.rebalance_interval)}}},
-      {"http", {{"enabled", c.http.enabled}, {"listen", c.http.listen}}},
+        {"rebalance_interval", format_duration(c.relay.rebalance_interval)},
+        {"retention", c.relay.retention ? format_duration(*c.relay.retention) : "off"},
+        {"retention_interval", format_duration(c.relay.retention_interval)}}},
+      {"http", {{"enabled", c.http.enabled}, {"listen", c.http.listen},
+                {"refresh_interval", format_duration(c.http.refresh_interval)}}},
       {"sinks", sinks},
       {"routes", routes}};
 }

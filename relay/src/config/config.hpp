@@ -2,6 +2,7 @@
 // The relay's configuration, parsed once into typed structs. Defaults live in the members.
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -9,6 +10,8 @@
 #include "config/section.hpp"
 #include "core/backoff.hpp"
 #include "sinks/file/file_config.hpp"
+#include "sinks/kafka/kafka_config.hpp"
+#include "sinks/webhook/webhook_config.hpp"
 
 namespace outbox::config {
 
@@ -30,14 +33,21 @@ struct RelaySection {
   std::chrono::milliseconds shutdown_timeout{10'000};
   std::chrono::milliseconds rebalance_interval{5'000};
   std::string instance_id;  // empty: hostname-pid-random
+  // Processed rows older than this are deleted in small batches; nullopt (absent or "off"): kept
+  // forever. Dead-lettered rows are never deleted by retention.
+  std::optional<std::chrono::milliseconds> retention;
+  std::chrono::milliseconds retention_interval{300'000};  // how often a retention pass runs
 };
 
 struct HttpConfig {
   bool enabled = true;
   std::string listen = "127.0.0.1:9187";
+  // How often the backlog gauges (pending, oldest pending age, notification queue) are read.
+  std::chrono::milliseconds refresh_interval{10'000};
 };
 
-using SinkSettings = std::variant<sinks::StdoutSinkConfig, sinks::FileSinkConfig>;
+using SinkSettings = std::variant<sinks::StdoutSinkConfig, sinks::FileSinkConfig, sinks::WebhookSinkConfig,
+                                  sinks::KafkaSinkConfig>;
 
 struct SinkConfig {
   std::string name;

@@ -1,6 +1,8 @@
 #include "sinks/factory.hpp"
 
 #include "sinks/file/file_sink.hpp"
+#include "sinks/kafka/kafka_sink.hpp"
+#include "sinks/webhook/webhook_sink.hpp"
 
 namespace outbox::sinks {
 namespace {
@@ -17,6 +19,8 @@ std::unique_ptr<Sink> make_sink(const config::SinkConfig& config) {
       Overloaded{
           [&](const StdoutSinkConfig&) -> std::unique_ptr<Sink> { return std::make_unique<StdoutSink>(config.name); },
           [&](const FileSinkConfig& c) -> std::unique_ptr<Sink> { return std::make_unique<FileSink>(config.name, c); },
+          [&](const WebhookSinkConfig& c) -> std::unique_ptr<Sink> { return std::make_unique<WebhookSink>(config.name, c); },
+          [&](const KafkaSinkConfig& c) -> std::unique_ptr<Sink> { return std::make_unique<KafkaSink>(config.name, c); },
       },
       config.settings);
 }

@@ -4,19 +4,14 @@
 #include <string>
 
 #include "config/config.hpp"
+#include "support/env.hpp"
 
 using namespace outbox::config;
 using std::chrono::milliseconds;
 
 namespace {
 
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
+using outbox::testing::env_of;
 
 // The message of the ConfigError that parsing throws, or "" if it parses.
 std::string error_of(const std::string& yaml, std::map<std::string, std::string> vars = {}) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "config/config.hpp"
+#include "support/env.hpp"
 
 using namespace outbox;
 using namespace std::chrono_literals;
@@ -11,12 +12,9 @@ using config::ConfigError;
 
 namespace {
 
-config::EnvLookup no_env() {
-  return [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
-}
 
 config::Config parse(const std::string& yaml) {
-  return config::parse_config("database: {url: 'postgresql://u@h/db'}\n" + yaml, no_env());
+  return config::parse_config("database: {url: 'postgresql://u@h/db'}\n" + yaml, outbox::testing::env_of());
 }
 
 std::string error_of(const std::string& yaml) {

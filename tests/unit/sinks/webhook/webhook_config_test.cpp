@@ -7,6 +7,7 @@
 #include <string>
 
 #include "config/config.hpp"
+#include "support/env.hpp"
 #include "log/log.hpp"
 #include "sinks/webhook/webhook_config.hpp"
 
@@ -17,13 +18,7 @@ using std::chrono::milliseconds;
 
 namespace {
 
-EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
+using outbox::testing::env_of;
 
 std::string config_with(const std::string& sink_body) {
   return "database: {url: postgresql://x@127.0.0.1/db}\n"
