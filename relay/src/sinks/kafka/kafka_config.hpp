@@ -1,0 +1,52 @@
+#pragma once
+// type: kafka. The sink's typed settings and its strict YAML reader. No librdkafka types here.
+#include <chrono>
+#include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+
+namespace outbox::config {
+class Section;
+}
+
+namespace outbox::sinks {
+
+struct KafkaSinkConfig {
+  // bootstrap.servers: "host:port[,host:port...]". Required.
+  std::string brokers;
+  // The Kafka topic for an event: literal topic characters plus the placeholder {topic}, the
+  // row's topic. E.g. "outbox.{topic}". Checked at startup.
+  std::string topic = "{topic}";
+  // librdkafka properties, passed straight through (SASL, TLS, compression, linger.ms, ...).
+  // The sink sets enable.idempotence=true and acks=all; see kafka_sink.hpp for the rest.
+  std::map<std::string, std::string> properties;
+  // How long one publish() waits for the delivery reports of its batch; events still without a
+  // report then are retried (and the producer is replaced so nothing of that batch is sent late).
+  // The default fits a batch and the final flush inside the relay's default 10 s shutdown bound.
+  std::chrono::milliseconds delivery_timeout{5'000};
+  // The config path of this sink (e.g. "sinks[1]"), for startup errors that name the key.
+  std::string key_path;
+};
+
+// Reads brokers, topic, properties and delivery_timeout from a sink entry. Validates every
+// property against librdkafka (unknown names, bad values) and registers secret values
+// (sasl.password, ssl.key.password, ...) with the log redactor. Throws config::ConfigError.
+KafkaSinkConfig parse_kafka_sink(config::Section& section);
+
+// Whether a librdkafka property holds a secret that must never be logged.
+bool is_secret_kafka_property(const std::string& name);
+
+// The effective settings for the startup log, secret property values as *****.
+nlohmann::json describe_kafka_sink(const KafkaSinkConfig& config);
+
+// The template check the parser applies: nullopt when valid, else what is wrong.
+std::optional<std::string> check_topic_template(const std::string& topic_template);
+
+// Renders the Kafka topic for an event topic: every {topic} replaced by event_topic.
+std::string render_topic(const std::string& topic_template, const std::string& event_topic);
+
+// Kafka's rule for topic names: 1 to 249 of [A-Za-z0-9._-], and not "." or "..".
+bool valid_kafka_topic_name(const std::string& name);
+
+}  // namespace outbox::sinks

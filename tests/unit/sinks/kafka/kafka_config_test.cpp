@@ -1,0 +1,146 @@
+// Parsing and describing `type: kafka` sink entries.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.hpp"
+#include "log/log.hpp"
+#include "sinks/factory.hpp"
+#include "sinks/kafka/kafka_config.hpp"
+#include "sinks/kafka/kafka_sink.hpp"
+
+using namespace outbox;
+using config::ConfigError;
+
+namespace {
+
+config::EnvLookup env_of(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+config::Config parse_sink(const std::string& sink_yaml, const config::EnvLookup& env = env_of({})) {
+  return config::parse_config("database: {url: 'postgresql://u@h/db'}\nsinks:\n  - name: k\n    type: kafka\n" + sink_yaml,
+                              env);
+}
+
+std::string error_of(const std::string& sink_yaml) {
+  try {
+    parse_sink(sink_yaml);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("kafka config: defaults and every key") {
+  const auto c = parse_sink("    brokers: 'b1:9092, b2:9093'\n");
+  const auto& k = std::get<sinks::KafkaSinkConfig>(c.sinks.at(0).settings);
+  CHECK(k.brokers == "b1:9092, b2:9093");
+  CHECK(k.topic == "{topic}");
+  CHECK(k.delivery_timeout == std::chrono::seconds{5});
+  CHECK(k.properties.empty());
+  CHECK(k.key_path == "sinks[0]");
+
+  const auto full = parse_sink(
+      "    brokers: ${KAFKA}\n"
+      "    topic: 'outbox.{topic}.v1'\n"
+      "    delivery_timeout: 5s\n"
+      "    properties: {compression.type: zstd, linger.ms: 20, sasl.password: '${PW}'}\n",
+      env_of({{"KAFKA", "127.0.0.1:9092"}, {"PW", "hunter2-secret"}}));
+  const auto& f = std::get<sinks::KafkaSinkConfig>(full.sinks.at(0).settings);
+  CHECK(f.brokers == "127.0.0.1:9092");
+  CHECK(f.topic == "outbox.{topic}.v1");
+  CHECK(f.delivery_timeout == std::chrono::seconds{5});
+  CHECK(f.properties.at("compression.type") == "zstd");
+  CHECK(f.properties.at("linger.ms") == "20");
+  CHECK(f.properties.at("sasl.password") == "hunter2-secret");
+}
+
+TEST_CASE("kafka config: secrets are masked in describe() and in every log line") {
+  const auto c = parse_sink(
+      "    brokers: 'b:9092'\n"
+      "    properties: {sasl.username: relay, sasl.password: 's3cr3t-kafka-pw', ssl.key.password: 'key-pw-1234'}\n");
+  const auto described = config::describe(c).dump();
+  CHECK(described.find("s3cr3t-kafka-pw") == std::string::npos);
+  CHECK(described.find("key-pw-1234") == std::string::npos);
+  const auto j = config::describe(c)["sinks"][0];
+  CHECK(j["type"] == "kafka");
+  CHECK(j["brokers"] == "b:9092");
+  CHECK(j["properties"]["sasl.password"] == "*****");
+  CHECK(j["properties"]["ssl.key.password"] == "*****");
+  CHECK(j["properties"]["sasl.username"] == "relay");
+  CHECK(log::redact("auth with s3cr3t-kafka-pw failed") == "auth with ***** failed");
+  CHECK(sinks::is_secret_kafka_property("sasl.oauthbearer.client.secret"));
+  CHECK(sinks::is_secret_kafka_property("ssl.keystore.password"));
+  CHECK(sinks::is_secret_kafka_property("ssl.key.pem"));
+  CHECK_FALSE(sinks::is_secret_kafka_property("ssl.ca.location"));
+}
+
+TEST_CASE("kafka config: errors name the key and what was expected") {
+  CHECK(error_of("    topic: x\n") == "sinks[0].brokers: required, but missing");
+  CHECK(error_of("    brokers: 'a:1,,b:2'\n").find("sinks[0].brokers: expected host:port") == 0);
+  CHECK(error_of("    brokers: 'a b:1'\n").find("sinks[0].brokers: expected host:port") == 0);
+  CHECK(error_of("    brokers: b:1\n    topic: 'events.{name}'\n").find("sinks[0].topic: unexpected '{'") == 0);
+  CHECK(error_of("    brokers: b:1\n    topic: 'events/{topic}'\n").find("sinks[0].topic: unexpected '/'") == 0);
+  CHECK(error_of("    brokers: b:1\n    topic: ''\n").find("sinks[0].topic:") == 0);
+  CHECK(error_of("    brokers: b:1\n    topic: '..'\n").find("sinks[0].topic: '..' is not a valid Kafka topic") == 0);
+  CHECK(error_of("    brokers: b:1\n    delivery_timeout: 10ms\n") ==
+        "sinks[0].delivery_timeout: expected 100ms to 1h, got 10ms");
+  CHECK(error_of("    brokers: b:1\n    properties: {no.such.property: 1}\n")
+            .find("sinks[0].properties.no.such.property: No such configuration property") == 0);
+  CHECK(error_of("    brokers: b:1\n    properties: {compression.type: bogus}\n")
+            .find("sinks[0].properties.compression.type: Invalid value") == 0);
+  CHECK(error_of("    brokers: b:1\n    properties: {enable.idempotence: 'false'}\n")
+            .find("sinks[0].properties.enable.idempotence: must be true") == 0);
+  CHECK(error_of("    brokers: b:1\n    properties: {bootstrap.servers: 'x:1'}\n")
+            .find("sinks[0].properties.bootstrap.servers: not allowed here") == 0);
+  CHECK(error_of("    brokers: b:1\n    properties: {message.timeout.ms: 1000}\n")
+            .find("sinks[0].properties.message.timeout.ms: not allowed here") == 0);
+  CHECK(error_of("    brokers: b:1\n    properties: {transactional.id: t}\n")
+            .find("sinks[0].properties.transactional.id: not allowed here") == 0);
+  CHECK(error_of("    brokers: b:1\n    propertys: {}\n").find("sinks[0].propertys: unknown key") == 0);
+  CHECK(error_of("    brokers: b:1\n    properties: [a]\n") == "sinks[0].properties: expected a mapping of strings");
+}
+
+TEST_CASE("kafka config: topic templates") {
+  CHECK_FALSE(sinks::check_topic_template("{topic}"));
+  CHECK_FALSE(sinks::check_topic_template("outbox.{topic}"));
+  CHECK_FALSE(sinks::check_topic_template("all-events"));
+  CHECK_FALSE(sinks::check_topic_template("{topic}.{topic}"));
+  CHECK(sinks::check_topic_template("{topic"));
+  CHECK(sinks::check_topic_template("a b"));
+  CHECK(sinks::render_topic("outbox.{topic}", "order.paid") == "outbox.order.paid");
+  CHECK(sinks::render_topic("{topic}-{topic}", "x") == "x-x");
+  CHECK(sinks::render_topic("fixed", "x") == "fixed");
+  CHECK(sinks::valid_kafka_topic_name("outbox.order_paid-1"));
+  CHECK_FALSE(sinks::valid_kafka_topic_name("order/paid"));
+  CHECK_FALSE(sinks::valid_kafka_topic_name(""));
+  CHECK_FALSE(sinks::valid_kafka_topic_name("."));
+  CHECK_FALSE(sinks::valid_kafka_topic_name(std::string(250, 'a')));
+  CHECK(sinks::valid_kafka_topic_name(std::string(249, 'a')));
+}
+
+TEST_CASE("kafka config: the factory builds the sink; a producer librdkafka rejects is a ConfigError naming the key") {
+  log::set_level(log::Level::kError);  // the producer warns that nothing listens on port 1
+  const auto good = parse_sink("    brokers: '127.0.0.1:1'\n");
+  auto sink = sinks::make_sink(good.sinks.at(0));
+  CHECK(sink->name() == "k");
+  CHECK_FALSE(sink->usable());  // nothing listens on port 1
+
+  // acks=1 passes the property check alone, but the idempotent producer refuses it.
+  const auto bad = parse_sink("    brokers: '127.0.0.1:1'\n    properties: {acks: '1'}\n");
+  try {
+    sinks::make_sink(bad.sinks.at(0));
+    FAIL("expected a ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()).find("sinks[0]: cannot create the Kafka producer:") == 0);
+    CHECK(std::string(e.what()).find("acks") != std::string::npos);
+  }
+  log::set_level(log::Level::kInfo);
+}
