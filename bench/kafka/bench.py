@@ -109,7 +109,7 @@ class Bench:
     def relay_config(self, name, sink, **relay):
         cfg = {"database": {"url": self.a.url},
                "relay": {"batch_size": self.a.batch_size, **relay},
-               "http": {"enabled": False}, "log": {"level": "info"}, "sinks": [sink]}
+               "http": {"enabled": False}, "log": {"level": self.a.relay_log_level}, "sinks": [sink]}
         path = self.work / f"{name}.yaml"
         path.write_text(json.dumps(cfg, indent=2))  # JSON is YAML
         return path
@@ -453,6 +453,7 @@ def main():
     p.add_argument("--latency-rate", type=int, default=1000)
     p.add_argument("--latency-seconds", type=int, default=30)
     p.add_argument("--latency-warmup", type=float, default=3.0)
+    p.add_argument("--relay-log-level", default="info", help="debug logs one line per Kafka batch (diagnosis)")
     a = p.parse_args()
     r = Bench(a).run()
     Path(a.out).write_text(json.dumps(r, indent=1, default=str))

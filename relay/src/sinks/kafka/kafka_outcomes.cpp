@@ -12,6 +12,9 @@ KafkaErrorClass classify_kafka_error(int code, bool topic_auto_create) {
   // adds codes fails the build (-Wswitch, -Werror) until someone decides what they mean.
   switch (static_cast<rd_kafka_resp_err_t>(code)) {
     // The event itself is unacceptable to Kafka: re-sending it unchanged cannot succeed.
+    // (The broker checks max.message.bytes per record batch: librdkafka's batch.size, 1,000,000
+    // by default, must stay at or below the topic's limit, 1,048,588 by default, or a batch of
+    // small events could be refused whole. A batch over batch.size holds a single message.)
     case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:       // broker limit, or local message.max.bytes
     case RD_KAFKA_RESP_ERR_INVALID_MSG:              // broker: invalid (corrupt) message
     case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:         // broker: invalid message size
