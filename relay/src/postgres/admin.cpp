@@ -19,6 +19,15 @@ void limit_session(pqxx::connection& conn) {
   tx.commit();
 }
 
+// Opens the long-lived session of a timer thread (metrics, retention) if it is not open; the
+// caller resets it after a failure so the next tick reconnects.
+void background_session(std::unique_ptr<pqxx::connection>& conn, const std::string& url, const char* role) {
+  if (conn) return;
+  auto fresh = open_session(url, role);
+  limit_session(*fresh);
+  conn = std::move(fresh);
+}
+
 [[noreturn]] void fail(const char* what, const std::exception& e) {
   throw std::runtime_error(std::string(what) + " failed: " + describe_error(e));
 }
@@ -216,11 +225,7 @@ BacklogProbe::~BacklogProbe() = default;
 BacklogProbe::Reading BacklogProbe::read() {
   auto& im = *impl_;
   try {
-    if (!im.conn) {
-      auto conn = open_session(im.url, "metrics");
-      limit_session(*conn);
-      im.conn = std::move(conn);
-    }
+    background_session(im.conn, im.url, "metrics");
     pqxx::nontransaction tx(*im.conn);
     const auto row = tx.exec1(im.sql);
     return {row[0].as<long long>(), row[1].as<double>(), row[2].as<double>()};
@@ -257,11 +262,7 @@ std::size_t RetentionSweeper::batch_size() const { return impl_->batch; }
 std::size_t RetentionSweeper::delete_batch(std::chrono::milliseconds older_than) {
   auto& im = *impl_;
   try {
-    if (!im.conn) {
-      auto conn = open_session(im.url, "retention");
-      limit_session(*conn);
-      im.conn = std::move(conn);
-    }
+    background_session(im.conn, im.url, "retention");
     pqxx::work tx(*im.conn);
     const auto result = tx.exec_params(im.sql, static_cast<long long>(older_than.count()),
                                        static_cast<long long>(im.batch));

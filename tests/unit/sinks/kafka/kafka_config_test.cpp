@@ -8,19 +8,14 @@
 #include "sinks/factory.hpp"
 #include "sinks/kafka/kafka_config.hpp"
 #include "sinks/kafka/kafka_sink.hpp"
+#include "support/env.hpp"
 
 using namespace outbox;
 using config::ConfigError;
 
 namespace {
 
-config::EnvLookup env_of(std::map<std::string, std::string> vars) {
-  return [vars](const std::string& name) -> std::optional<std::string> {
-    auto it = vars.find(name);
-    if (it == vars.end()) return std::nullopt;
-    return it->second;
-  };
-}
+using outbox::testing::env_of;
 
 config::Config parse_sink(const std::string& sink_yaml, const config::EnvLookup& env = env_of({})) {
   return config::parse_config("database: {url: 'postgresql://u@h/db'}\nsinks:\n  - name: k\n    type: kafka\n" + sink_yaml,
