@@ -36,7 +36,7 @@ struct PgStore::Impl {
   std::string owned_literal = "{}";
   std::mt19937 rng{std::random_device{}()};
 
-  std::string claim_sql, fence_sql, mark_sql, delete_sql, fail_sql;
+  std::string claim_sql, fence_sql, mark_sql, delete_sql;
   bool fenced = false;  // the last claim stopped at an open writer's fence
   std::string sequence;  // the id sequence, schema-qualified
 
@@ -76,6 +76,11 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "                            AND b.attempts > 0 AND b.next_attempt_at > now()) "
       "       ORDER BY c.id LIMIT $4 FOR UPDATE SKIP LOCKED) AS s "
       "WHERE e.id = s.id "
+      // The lease need not survive a database crash: a lost lease only makes the row claimable
+      // again (at least once, as always). So this statement's commit skips the WAL flush (the
+      // complete that follows is durable and flushes this record too). set_config(..., true)
+      // lasts until this statement's implicit transaction commits; an InitPlan runs it once.
+      "  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' "
       "RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, "
       "  to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
       "  (extract(epoch FROM e.created_at) * 1000000)::int8, e.attempts, e.sinks_done";
@@ -91,11 +96,9 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "FROM pg_locks AS l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
       "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
       "AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " + std::to_string(fence_tag(t));
-  impl_->mark_sql = "UPDATE " + t +
-                    " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
-                    "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL";
-  impl_->delete_sql = "DELETE FROM " + t + " WHERE id = ANY($1::bigint[])";
-  impl_->fail_sql =
+  // Complete: one autocommit statement (one round trip, one durable commit) for a whole batch:
+  // $1 the delivered ids, marked or deleted; $2 the other outcomes as a JSON array.
+  const std::string fail_sql =
       "UPDATE " + t + " AS e SET "
       "  attempts = e.attempts + CASE WHEN r.kind = 'release' THEN 0 ELSE 1 END, "
       "  next_attempt_at = CASE WHEN r.kind = 'retry' THEN now() + r.delay_ms * interval '1 millisecond' "
@@ -103,8 +106,15 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "  last_error = COALESCE(r.error, e.last_error), "
       "  dead_lettered_at = CASE WHEN r.kind = 'dead' THEN now() ELSE NULL END, "
       "  sinks_done = r.sinks_done, lease_owner = NULL, lease_until = NULL "
-      "FROM jsonb_to_recordset($1::jsonb) AS r(id bigint, kind text, delay_ms bigint, error text, sinks_done text[]) "
-      "WHERE e.id = r.id AND e.processed_at IS NULL";
+      "FROM jsonb_to_recordset($2::jsonb) AS r(id bigint, kind text, delay_ms bigint, error text, sinks_done text[]) "
+      "WHERE e.id = r.id AND e.processed_at IS NULL RETURNING 1";
+  const auto complete_sql = [&](const std::string& done) {
+    return "WITH done AS (" + done + "), failed AS (" + fail_sql + ") "
+           "SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM failed)";
+  };
+  impl_->mark_sql = complete_sql("UPDATE " + t + " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
+                                 "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL RETURNING 1");
+  impl_->delete_sql = complete_sql("DELETE FROM " + t + " WHERE id = ANY($1::bigint[]) RETURNING 1");
 }
 
 PgStore::~PgStore() = default;
@@ -131,7 +141,6 @@ void PgStore::connect() {
     conn->prepare("fence", impl_->fence_sql);
     conn->prepare("mark", impl_->mark_sql);
     conn->prepare("delete", impl_->delete_sql);
-    conn->prepare("fail", impl_->fail_sql);
     // Membership: one advisory lock per live instance, counted by every peer in pg_locks.
     pqxx::nontransaction tx(*conn);
     std::uniform_int_distribution<int> pick(1, 0x7ffffffe);
@@ -214,17 +223,14 @@ std::vector<Event> PgStore::claim(std::size_t limit) {
   if (im.owned.empty()) return {};
   try {
     return translate_errors("claim", [&] {
-      pqxx::work tx(*im.conn);
-      // The lease need not survive a database crash: a lost lease only makes the row claimable
-      // again (at least once, as always). Skipping this commit's WAL flush saves one fsync per
-      // batch; the complete() that follows is durable and flushes this record too.
-      tx.exec0("SET LOCAL synchronous_commit = off");
+      // Two autocommit statements, two round trips: the fence bound, then the claim, which takes
+      // its snapshot after the bound was read (see fence_sql) and commits without a WAL flush.
+      pqxx::nontransaction tx(*im.conn);
       const auto bound = tx.exec_prepared1("fence", im.sequence);
       const long long last_id = bound[0].as<long long>();
       const long long fence = bound[1].as<long long>();
       const auto rows = tx.exec_prepared("claim", im.opt.instance_id, static_cast<long long>(im.opt.lease.count()),
                                          im.owned_literal, static_cast<long long>(limit), std::min(last_id, fence));
-      tx.commit();
       // Held back by an open writer: poll again soon, as a writer that rolls back rings no bell.
       im.fenced = fence < last_id && rows.size() < limit;
       std::vector<Event> events;
@@ -276,15 +282,10 @@ void PgStore::complete(std::span<const Completion> completions) {
   }
   try {
     translate_errors("complete", [&] {
-      pqxx::work tx(*im.conn);
-      if (!delivered.empty()) {
-        tx.exec_prepared(im.opt.delete_on_success ? "delete" : "mark",
-                         int_array(delivered.data(), delivered.data() + delivered.size()));
-      }
-      if (!others.empty()) {
-        tx.exec_prepared("fail", others.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-      }
-      tx.commit();
+      pqxx::nontransaction tx(*im.conn);
+      tx.exec_prepared1(im.opt.delete_on_success ? "delete" : "mark",
+                        int_array(delivered.data(), delivered.data() + delivered.size()),
+                        others.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     });
   } catch (const StoreUnavailable&) {
     im.drop();
