@@ -1,6 +1,8 @@
 #include "core/loop.hpp"
 
 #include <algorithm>
+#include <exception>
+#include <future>
 #include <nlohmann/json.hpp>
 
 namespace outbox {
@@ -13,17 +15,6 @@ constexpr const char* kNoSink = "relay";  // metric label when the relay itself 
 double seconds_between(Clock::SteadyTime from, Clock::SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
 }
-
-// What the sinks said about one event, merged.
-struct Verdict {
-  std::vector<std::string> done;
-  std::string permanent;     // first permanent reason, prefixed with the sink name
-  std::string retry_reason;  // first retry reason, prefixed with the sink name
-  const std::string* failed_sink = nullptr;
-  std::optional<std::chrono::milliseconds> retry_after;
-  bool retry = false;
-  bool deferred = false;
-};
 
 }  // namespace
 
@@ -80,31 +71,115 @@ void RelayLoop::flush_pending() {
   pending_.clear();
 }
 
-BatchResult RelayLoop::run_once() {
-  flush_pending();
+// One claimed batch on its way through the sinks.
+struct RelayLoop::Batch {
+  // What the sinks said about one event, merged.
+  struct Verdict {
+    std::vector<std::string> done;
+    std::string permanent;     // first permanent reason, prefixed with the sink name
+    std::string retry_reason;  // first retry reason, prefixed with the sink name
+    const std::string* failed_sink = nullptr;
+    std::optional<std::chrono::milliseconds> retry_after;
+    bool retry = false;
+    bool deferred = false;
+  };
+  std::vector<Event> events;
+  std::vector<Verdict> verdicts;
+  std::vector<std::vector<const Event*>> per_sink;        // what each sink gets
+  std::vector<std::vector<std::size_t>> per_sink_index;  // its positions in events
+};
+
+BatchResult& BatchResult::operator+=(const BatchResult& other) {
+  claimed += other.claimed;
+  delivered += other.delivered;
+  retried += other.retried;
+  dead_lettered += other.dead_lettered;
+  released += other.released;
+  return *this;
+}
+
+std::vector<Event> RelayLoop::claim() {
   const auto now = clock_.now();
   retry_due_.erase(retry_due_.begin(), retry_due_.upper_bound(now));
-
-  BatchResult result;
   auto events = store_.claim(options_.batch_size);
   metrics_.claimed(events.size(), seconds_between(now, clock_.now()));
-  result.claimed = events.size();
-  if (events.empty()) return result;
+  return events;
+}
 
-  pending_ = decide(events, result);
+BatchResult RelayLoop::run_once() {
+  flush_pending();
+  BatchResult result;
+  auto events = claim();
+  if (events.empty()) return result;
+  Batch batch = prepare(std::move(events), {});
+  publish(batch);
+  HeldKeys held;
+  pending_ = settle(batch, result, held);
   flush_pending();
   return result;
 }
 
-std::vector<Completion> RelayLoop::decide(std::vector<Event>& events, BatchResult& result) {
-  std::vector<Verdict> verdicts(events.size());
-  std::vector<std::vector<const Event*>> batch(sinks_.size());
-  std::vector<std::vector<std::size_t>> batch_index(sinks_.size());
+BatchResult RelayLoop::drain(const DrainControl& control) {
+  BatchResult total;
+  flush_pending();
+  std::vector<Event> next = claim();
+  HeldKeys held;  // keys `next` must hold back: it was claimed before these outcomes were written
+  while (!next.empty()) {
+    const bool full = next.size() >= options_.batch_size;
+    Batch batch = prepare(std::move(next), held);
+    next.clear();
+    auto publishing = std::async(std::launch::async, [this, &batch] { publish(batch); });
+    bool overlapped = false;
+    try {
+      flush_pending();  // the previous batch's outcomes, while the sinks work on this one
+      if (full && !control.stop() && !control.pause_due()) {
+        next = claim();
+        overlapped = true;
+      }
+    } catch (...) {
+      // Keep this batch's outcomes too: the next call applies them with the previous ones.
+      publishing.get();
+      BatchResult ignored;
+      HeldKeys none;
+      auto outcomes = settle(batch, ignored, none);
+      pending_.insert(pending_.end(), std::make_move_iterator(outcomes.begin()),
+                      std::make_move_iterator(outcomes.end()));
+      throw;
+    }
+    publishing.get();
+    BatchResult result;
+    held.clear();
+    pending_ = settle(batch, result, held);  // pending_ was empty: flush_pending() succeeded
+    total += result;
+    if (next.empty()) {
+      // Nothing claimed while the sinks worked: the batch was short (caught up), or a stop or a
+      // pause came, or the overlapping claim found nothing. Complete it, then look again only if
+      // there may be more: a full batch not yet followed by a claim, or released events, which
+      // are claimable again at once.
+      flush_pending();
+      held.clear();  // what is claimed from here on sees these outcomes
+      if (control.stop()) break;
+      if (control.pause_due()) control.pause();
+      if ((full && !overlapped) || result.released > 0) next = claim();
+    }
+  }
+  return total;
+}
 
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    Event& event = events[i];
-    Verdict& verdict = verdicts[i];
+RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const HeldKeys& held) const {
+  Batch batch;
+  batch.events = std::move(events);
+  batch.verdicts.resize(batch.events.size());
+  batch.per_sink.resize(sinks_.size());
+  batch.per_sink_index.resize(sinks_.size());
+  for (std::size_t i = 0; i < batch.events.size(); ++i) {
+    Event& event = batch.events[i];
+    Batch::Verdict& verdict = batch.verdicts[i];
     verdict.done = event.sinks_done;
+    if (auto it = held.find(event.key); it != held.end() && it->second < event.id) {
+      verdict.deferred = true;  // an earlier event of its key was not delivered: release it
+      continue;
+    }
     if (auto error = parse_headers(event.headers_json, event.headers)) {
       verdict.permanent = "invalid event: " + *error;
       continue;
@@ -117,31 +192,35 @@ std::vector<Completion> RelayLoop::decide(std::vector<Event>& events, BatchResul
     for (std::size_t s : routed) {
       const auto& done = verdict.done;
       if (std::find(done.begin(), done.end(), sinks_[s]->name()) != done.end()) continue;
-      batch[s].push_back(&event);
-      batch_index[s].push_back(i);
+      batch.per_sink[s].push_back(&event);
+      batch.per_sink_index[s].push_back(i);
     }
   }
+  return batch;
+}
 
+void RelayLoop::publish(Batch& batch) {
   for (std::size_t s = 0; s < sinks_.size(); ++s) {
-    if (batch[s].empty()) continue;
+    const auto& events = batch.per_sink[s];
+    if (events.empty()) continue;
     Sink& sink = *sinks_[s];
     const auto started = clock_.now();
-    auto outcomes = sink.publish(batch[s]);
-    metrics_.published(sink.name(), batch[s].size(), seconds_between(started, clock_.now()));
-    if (outcomes.size() != batch[s].size()) {
+    auto outcomes = sink.publish(events);
+    metrics_.published(sink.name(), events.size(), seconds_between(started, clock_.now()));
+    if (outcomes.size() != events.size()) {
       // A sink bug, not a downstream failure: retry the whole batch rather than guess.
-      outcomes.assign(batch[s].size(),
+      outcomes.assign(events.size(),
                       Outcome::retry("sink returned " + std::to_string(outcomes.size()) +
-                                     " outcomes for " + std::to_string(batch[s].size()) + " events"));
+                                     " outcomes for " + std::to_string(events.size()) + " events"));
     }
     const auto ack_us = clock_.wall_us();
     for (std::size_t k = 0; k < outcomes.size(); ++k) {
-      Verdict& verdict = verdicts[batch_index[s][k]];
+      Batch::Verdict& verdict = batch.verdicts[batch.per_sink_index[s][k]];
       const Outcome& outcome = outcomes[k];
       switch (outcome.kind) {
         case OutcomeKind::kDelivered:
           verdict.done.push_back(sink.name());
-          metrics_.delivered(sink.name(), static_cast<double>(ack_us - batch[s][k]->created_at_us) / 1e6);
+          metrics_.delivered(sink.name(), static_cast<double>(ack_us - events[k]->created_at_us) / 1e6);
           break;
         case OutcomeKind::kRetry:
           if (!verdict.retry) {
@@ -167,16 +246,20 @@ std::vector<Completion> RelayLoop::decide(std::vector<Event>& events, BatchResul
       }
     }
   }
+}
 
+std::vector<Completion> RelayLoop::settle(Batch& batch, BatchResult& result, HeldKeys& held_out) {
   std::vector<Completion> completions;
-  completions.reserve(events.size());
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    Verdict& verdict = verdicts[i];
+  completions.reserve(batch.events.size());
+  result.claimed += batch.events.size();
+  for (std::size_t i = 0; i < batch.events.size(); ++i) {
+    const Event& event = batch.events[i];
+    Batch::Verdict& verdict = batch.verdicts[i];
     Completion c;
-    c.id = events[i].id;
+    c.id = event.id;
     c.sinks_done = std::move(verdict.done);
     const std::string& label = verdict.failed_sink ? *verdict.failed_sink : std::string(kNoSink);
-    const int attempts = events[i].attempts + 1;
+    const int attempts = event.attempts + 1;
     if (!verdict.permanent.empty()) {
       c.kind = Completion::Kind::kDeadLetter;
       c.error = std::move(verdict.permanent);
@@ -198,6 +281,10 @@ std::vector<Completion> RelayLoop::decide(std::vector<Event>& events, BatchResul
     if (c.kind == Completion::Kind::kDeadLetter) {
       metrics_.dead_lettered(label);
       ++result.dead_lettered;
+    }
+    if (c.kind == Completion::Kind::kRetry || c.kind == Completion::Kind::kRelease) {
+      auto [it, inserted] = held_out.emplace(event.key, event.id);
+      if (!inserted) it->second = std::min(it->second, event.id);
     }
     completions.push_back(std::move(c));
   }

@@ -1,11 +1,14 @@
 #pragma once
-// One batch at a time: claim, publish to the routed sinks, complete. No I/O of its own: the
-// store, sinks, clock and metrics come in through the constructor.
+// Claim, publish to the routed sinks, complete. No I/O of its own: the store, sinks, clock and
+// metrics come in through the constructor. run_once() does one batch; drain() overlaps the sinks'
+// work on batch k with completing batch k-1 and claiming batch k+1.
 #include <chrono>
 #include <cstddef>
 #include <functional>
 #include <optional>
 #include <set>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/backoff.hpp"
@@ -29,6 +32,18 @@ struct BatchResult {
   std::size_t retried = 0;
   std::size_t dead_lettered = 0;
   std::size_t released = 0;
+
+  BatchResult& operator+=(const BatchResult& other);
+};
+
+// How the runner steers a drain. Both are asked before every claim.
+struct DrainControl {
+  // True: claim nothing more; the batch in flight is finished and completed.
+  std::function<bool()> stop = [] { return false; };
+  // Called with no batch in flight, the previous ones completed (the runner rebalances lanes
+  // here), when due() says so.
+  std::function<bool()> pause_due = [] { return false; };
+  std::function<void()> pause = [] {};
 };
 
 // Parses a headers column (a JSON object of strings). Returns an error text for anything else.
@@ -45,6 +60,17 @@ class RelayLoop {
   // batch are then kept and applied by the next call, so a lost session costs no re-send.
   BatchResult run_once();
 
+  // Drains until a claim comes back short (and the sinks released nothing), or control.stop().
+  // Batch k is published on a helper thread while this thread completes batch k-1 and claims
+  // batch k+1; on return nothing is in flight and every outcome is completed. Throws
+  // StoreUnavailable like run_once(), after the batch in flight got its outcomes, which the next
+  // call applies.
+  //
+  // Per-key order: the claim of k+1 runs before k's outcomes are written, so it may return a
+  // later event of a key whose event in k failed (the claim's head-of-line rule looks only at
+  // written retries). Such events are released unpublished, like a sink's deferred events.
+  BatchResult drain(const DrainControl& control);
+
   // Applies completions left over from a failed complete(), if any.
   void flush_pending();
 
@@ -54,7 +80,15 @@ class RelayLoop {
   const LoopOptions& options() const { return options_; }
 
  private:
-  std::vector<Completion> decide(std::vector<Event>& events, BatchResult& result);
+  struct Batch;
+  // Key -> the smallest id of that key that a batch did not deliver or dead-letter (retried or
+  // released): later events of the key in a batch claimed before that outcome was written wait.
+  using HeldKeys = std::unordered_map<std::string, EventId>;
+
+  std::vector<Event> claim();
+  Batch prepare(std::vector<Event> events, const HeldKeys& held) const;
+  void publish(Batch& batch);  // the sinks' part; may run on a helper thread
+  std::vector<Completion> settle(Batch& batch, BatchResult& result, HeldKeys& held_out);
 
   Store& store_;
   std::vector<Sink*> sinks_;

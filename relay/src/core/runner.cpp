@@ -25,17 +25,15 @@ void Runner::maybe_rebalance() {
 
 void Runner::drain() {
   bell_.clear();  // rings from here on wake the next wait: nothing committed later is missed
-  const std::size_t full = loop_.options().batch_size;
-  while (!bell_.stopped()) {
-    maybe_rebalance();  // between batches, so a long backlog does not keep lanes from new peers
-    const BatchResult r = loop_.run_once();
-    if (r.retried + r.dead_lettered > 0) {
-      log::debug("batch done", {{"claimed", r.claimed}, {"delivered", r.delivered},
-                                {"retried", r.retried}, {"dead_lettered", r.dead_lettered}});
-    }
-    // A short claim means caught up, unless the sink released events it had no time to send:
-    // those are claimable again at once.
-    if (r.claimed < full && r.released == 0) break;
+  DrainControl control;
+  control.stop = [this] { return bell_.stopped(); };
+  // Between batches, so a long backlog does not keep lanes from new peers.
+  control.pause_due = [this] { return std::chrono::steady_clock::now() >= next_rebalance_; };
+  control.pause = [this] { maybe_rebalance(); };
+  const BatchResult r = loop_.drain(control);
+  if (r.retried + r.dead_lettered > 0) {
+    log::debug("drain done", {{"claimed", r.claimed}, {"delivered", r.delivered}, {"released", r.released},
+                              {"retried", r.retried}, {"dead_lettered", r.dead_lettered}});
   }
 }
 

@@ -39,7 +39,8 @@ const char* to_string(OutcomeKind kind);
 // for downstream failures (those are outcomes). Events arrive in id order. Per-key order is the
 // sink's duty within a batch: once an event of key K gets kRetry, the later events of K in the
 // same batch must not be delivered (report them kDeferred, or kRetry if they were tried).
-// Called from the loop thread only.
+// publish() is called from one thread at a time, not always the same one (the loop publishes on
+// a helper thread while it completes the previous batch); flush() after the loop has stopped.
 class Sink {
  public:
   virtual ~Sink() = default;

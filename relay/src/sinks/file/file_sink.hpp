@@ -13,7 +13,7 @@ namespace outbox::sinks {
 void append_json_line(const Event& event, std::string& out);
 
 // Appends to a file and fsyncs before acknowledging. A failed write or fsync makes the whole batch
-// retry (the file is truncated back to where the batch began). Loop thread only.
+// retry (the file is truncated back to where the batch began). One thread at a time.
 class FileSink final : public Sink {
  public:
   FileSink(std::string name, FileSinkConfig config);
@@ -33,7 +33,7 @@ class FileSink final : public Sink {
   std::string buffer_;
 };
 
-// Writes to standard output, flushed per batch. Loop thread only.
+// Writes to standard output, flushed per batch. One thread at a time.
 class StdoutSink final : public Sink {
  public:
   explicit StdoutSink(std::string name) : name_(std::move(name)) {}

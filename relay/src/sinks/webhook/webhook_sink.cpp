@@ -136,7 +136,7 @@ struct WebhookSink::Impl {
   std::set<std::string> static_header_names;  // lower case
   MultiPtr multi;
   std::vector<std::unique_ptr<Transfer>> transfers;  // max_in_flight slots
-  std::set<std::string> warned_headers;              // loop thread only
+  std::set<std::string> warned_headers;              // the publishing thread only
 
   ~Impl() { detach_all(); }
 

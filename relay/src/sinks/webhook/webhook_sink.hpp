@@ -15,7 +15,7 @@ namespace outbox::sinks {
 // failure the later events of that key get kDeferred. No request starts later than `timeout`
 // after publish() began (the rest get kDeferred and are released), and each request ends within
 // `timeout`, so publish() returns within about twice the timeout.
-// Threading: publish() on the loop thread only; usable() from any thread.
+// Threading: publish() from one thread at a time; usable() from any thread.
 class WebhookSink final : public Sink {
  public:
   // Throws config::ConfigError if curl cannot be set up with this config.
