@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <future>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 namespace outbox {
@@ -59,16 +60,20 @@ std::optional<Clock::SteadyTime> RelayLoop::next_retry_due() const {
 void RelayLoop::flush_pending() {
   if (pending_.empty()) return;
   store_.complete(pending_);  // throws StoreUnavailable: pending_ stays for the next try
+  note_retries(pending_);
+  pending_.clear();
+}
+
+void RelayLoop::note_retries(const std::vector<Completion>& completed) {
   // The store computes next_attempt_at from its own clock during complete(); counting the delay
   // from now, after it returned (plus a little slack), never wakes the runner before the row
   // is due, which would find nothing to claim and forget the wakeup.
   const auto now = clock_.now();
-  for (const auto& c : pending_) {
+  for (const auto& c : completed) {
     if (c.kind == Completion::Kind::kRetry && retry_due_.size() < kMaxTrackedRetries) {
       retry_due_.insert(now + c.delay + kRetrySlack);
     }
   }
-  pending_.clear();
 }
 
 // One claimed batch on its way through the sinks.
@@ -119,45 +124,95 @@ BatchResult RelayLoop::run_once() {
   return result;
 }
 
+namespace {
+
+void merge_held(std::unordered_map<std::string, EventId>& into,
+                const std::unordered_map<std::string, EventId>& from) {
+  for (const auto& [key, id] : from) {
+    auto [it, inserted] = into.emplace(key, id);
+    if (!inserted) it->second = std::min(it->second, id);
+  }
+}
+
+template <class T>
+void append(std::vector<T>& to, std::vector<T>&& from) {
+  to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+}
+
+}  // namespace
+
 BatchResult RelayLoop::drain(const DrainControl& control) {
   BatchResult total;
   flush_pending();
   std::vector<Event> next = claim();
-  HeldKeys held;  // keys `next` must hold back: it was claimed before these outcomes were written
+  HeldKeys held;           // keys `next` holds back: claimed before these outcomes were written
+  HeldKeys held_previous;  // failures of the batch whose outcomes are written beside the next claim
   while (!next.empty()) {
     const bool full = next.size() >= options_.batch_size;
     Batch batch = prepare(std::move(next), held);
     next.clear();
+    // Three things at once: the sinks work on this batch (helper thread), the previous batch's
+    // outcomes are written (another helper, the store's second session), and the next batch is
+    // claimed (this thread).
     auto publishing = std::async(std::launch::async, [this, &batch] { publish(batch); });
+    std::vector<Completion> previous = std::exchange(pending_, {});
+    std::future<void> completing;
+    if (!previous.empty()) {
+      completing = std::async(std::launch::async, [this, &previous] { store_.complete(previous); });
+    }
     bool overlapped = false;
+    std::exception_ptr failure;
     try {
-      flush_pending();  // the previous batch's outcomes, while the sinks work on this one
       if (full && !control.stop() && !control.pause_due()) {
-        next = claim();
         overlapped = true;
+        next = claim();
       }
     } catch (...) {
-      // Keep this batch's outcomes too: the next call applies them with the previous ones.
-      publishing.get();
-      BatchResult ignored;
-      HeldKeys none;
-      auto outcomes = settle(batch, ignored, none);
-      pending_.insert(pending_.end(), std::make_move_iterator(outcomes.begin()),
-                      std::make_move_iterator(outcomes.end()));
-      throw;
+      failure = std::current_exception();
+    }
+    bool previous_written = true;
+    if (completing.valid()) {
+      try {
+        completing.get();
+        note_retries(previous);
+      } catch (...) {
+        previous_written = false;
+        if (!failure) failure = std::current_exception();
+      }
     }
     publishing.get();
     BatchResult result;
-    held.clear();
-    pending_ = settle(batch, result, held);  // pending_ was empty: flush_pending() succeeded
+    HeldKeys failed;
+    auto outcomes = settle(batch, result, failed);
     total += result;
+    const auto hand_back = [this](std::vector<Event>& events) {  // release, unpublished
+      for (const Event& e : events) pending_.push_back(Completion{e.id, Completion::Kind::kRelease, {}, {}, e.sinks_done});
+      events.clear();
+    };
+    if (failure) {
+      // Keep every outcome for the next call; hand back what was claimed meanwhile.
+      if (!previous_written) pending_ = std::move(previous);
+      append(pending_, std::move(outcomes));
+      hand_back(next);
+      std::rethrow_exception(failure);
+    }
+    pending_ = std::move(outcomes);
+    if (control.stop()) hand_back(next);  // a stop came while this batch was in the sinks
+    if (overlapped) {
+      // `next` was claimed before this batch's outcomes were written, and perhaps before the
+      // previous batch's were.
+      held = failed;
+      merge_held(held, held_previous);
+      held_previous = std::move(failed);
+    }
     if (next.empty()) {
       // Nothing claimed while the sinks worked: the batch was short (caught up), or a stop or a
       // pause came, or the overlapping claim found nothing. Complete it, then look again only if
       // there may be more: a full batch not yet followed by a claim, or released events, which
       // are claimable again at once.
       flush_pending();
-      held.clear();  // what is claimed from here on sees these outcomes
+      held.clear();  // what is claimed from here on sees every outcome so far
+      held_previous.clear();
       if (control.stop()) break;
       if (control.pause_due()) control.pause();
       if ((full && !overlapped) || result.released > 0) next = claim();

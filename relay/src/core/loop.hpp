@@ -61,14 +61,15 @@ class RelayLoop {
   BatchResult run_once();
 
   // Drains until a claim comes back short (and the sinks released nothing), or control.stop().
-  // Batch k is published on a helper thread while this thread completes batch k-1 and claims
-  // batch k+1; on return nothing is in flight and every outcome is completed. Throws
+  // Batch k is published on a helper thread while another completes batch k-1 and this thread
+  // claims batch k+1; on return nothing is in flight and every outcome is completed. Throws
   // StoreUnavailable like run_once(), after the batch in flight got its outcomes, which the next
   // call applies.
   //
-  // Per-key order: the claim of k+1 runs before k's outcomes are written, so it may return a
-  // later event of a key whose event in k failed (the claim's head-of-line rule looks only at
-  // written retries). Such events are released unpublished, like a sink's deferred events.
+  // Per-key order: the claim of k+1 runs before the outcomes of k (and perhaps k-1) are written,
+  // so it may return a later event of a key whose event in k or k-1 failed (the claim's
+  // head-of-line rule sees only written retries). Such events are released unpublished, like a
+  // sink's deferred events.
   BatchResult drain(const DrainControl& control);
 
   // Applies completions left over from a failed complete(), if any.
@@ -86,6 +87,7 @@ class RelayLoop {
   using HeldKeys = std::unordered_map<std::string, EventId>;
 
   std::vector<Event> claim();
+  void note_retries(const std::vector<Completion>& completed);
   Batch prepare(std::vector<Event> events, const HeldKeys& held) const;
   void publish(Batch& batch);  // the sinks' part; may run on a helper thread
   std::vector<Completion> settle(Batch& batch, BatchResult& result, HeldKeys& held_out);

@@ -30,7 +30,8 @@ struct Completion {
   std::vector<std::string> sinks_done;  // the complete new set, when partly delivered
 };
 
-// Called from the loop thread only. Every method may throw StoreUnavailable.
+// Called from the loop thread only, except complete(), which may run on another thread at the same
+// time as claim() (never beside another complete()). Every method may throw StoreUnavailable.
 class Store {
  public:
   virtual ~Store() = default;
@@ -42,7 +43,8 @@ class Store {
   // Leases and returns up to limit due events of the lanes this instance owns, in id order,
   // committed before returning (no transaction stays open while sinks work).
   virtual std::vector<Event> claim(std::size_t limit) = 0;
-  // Applies the outcomes of a claimed batch in one transaction.
+  // Applies the outcomes of claimed batches in one transaction. A claim running at the same time
+  // may or may not see them.
   virtual void complete(std::span<const Completion> completions) = 0;
   // True when the last claim held back events because a writer that may still add an earlier
   // event of the same key is open. Its commit rings the bell; the runner also re-polls soon, in

@@ -27,7 +27,8 @@ long long fence_tag(const std::string& table) {
 
 struct PgStore::Impl {
   PgStoreOptions opt;
-  std::unique_ptr<pqxx::connection> conn;
+  std::unique_ptr<pqxx::connection> conn;       // claims, lanes, membership: the loop thread
+  std::unique_ptr<pqxx::connection> done_conn;  // complete(): may run beside a claim
   int member_ns = 0;
   int lane_ns = 0;
   int member_id = 0;
@@ -123,7 +124,10 @@ bool PgStore::waiting_for_writers() const { return impl_->fenced; }
 
 int PgStore::lanes_owned() const { return impl_->owned_count.load(); }
 
-void PgStore::disconnect() { impl_->drop(); }
+void PgStore::disconnect() {
+  impl_->drop();
+  impl_->done_conn.reset();
+}
 
 void PgStore::connect() {
   if (impl_->conn) return;
@@ -139,8 +143,6 @@ void PgStore::connect() {
       impl_->sequence = seq[0].as<std::string>();
     }
     conn->prepare("fence", impl_->fence_sql);
-    conn->prepare("mark", impl_->mark_sql);
-    conn->prepare("delete", impl_->delete_sql);
     // Membership: one advisory lock per live instance, counted by every peer in pg_locks.
     pqxx::nontransaction tx(*conn);
     std::uniform_int_distribution<int> pick(1, 0x7ffffffe);
@@ -282,13 +284,19 @@ void PgStore::complete(std::span<const Completion> completions) {
   }
   try {
     translate_errors("complete", [&] {
-      pqxx::nontransaction tx(*im.conn);
+      if (!im.done_conn) {
+        auto conn = open_session(im.opt.url, "completer");
+        conn->prepare("mark", im.mark_sql);
+        conn->prepare("delete", im.delete_sql);
+        im.done_conn = std::move(conn);
+      }
+      pqxx::nontransaction tx(*im.done_conn);
       tx.exec_prepared1(im.opt.delete_on_success ? "delete" : "mark",
                         int_array(delivered.data(), delivered.data() + delivered.size()),
                         others.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     });
   } catch (const StoreUnavailable&) {
-    im.drop();
+    im.done_conn.reset();  // only this session: a claim may be using the other one
     throw;
   }
 }

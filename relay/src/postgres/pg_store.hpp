@@ -19,7 +19,9 @@ struct PgStoreOptions {
   bool delete_on_success = false;
 };
 
-// Loop thread only, except lanes_owned() (any thread).
+// Two sessions: one for claims, lanes and membership, one for complete() (so that a batch's
+// outcomes are written while the next batch is claimed). Loop thread only, except complete()
+// (one thread at a time, beside the others) and lanes_owned() (any thread).
 class PgStore final : public Store {
  public:
   explicit PgStore(PgStoreOptions options);

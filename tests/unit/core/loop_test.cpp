@@ -326,6 +326,21 @@ TEST_CASE("drain holds back later events of a key that failed in the batch befor
   CHECK(f.store.claims == 4);
 }
 
+TEST_CASE("drain holds back events of a key that failed two batches before") {
+  Fixture f;
+  f.options.batch_size = 3;
+  f.a.script[10] = Outcome::retry("500");
+  // Batch 3 is claimed while batch 1's outcomes are being written: it may not see the retry.
+  f.store.batches.push_back({event(10, "k"), event(12, "j"), event(13, "m")});
+  f.store.batches.push_back({event(14, "j"), event(15, "m"), event(16, "n")});
+  f.store.batches.push_back({event(17, "k"), event(18, "j")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  loop.drain({});
+  CHECK(f.a.seen == std::vector<EventId>{10, 12, 13, 14, 15, 16, 18});
+  CHECK(f.store.of(17).kind == Kind::kRelease);
+}
+
 TEST_CASE("a batch claimed after the outcomes were written holds nothing back") {
   Fixture f;
   f.options.batch_size = 3;
@@ -350,16 +365,24 @@ TEST_CASE("drain keeps the outcomes of both batches when the session is lost mid
   f.store.batches.push_back({event(1, "x"), event(2, "y")});
   f.store.batches.push_back({event(3, "x"), event(4, "y")});
   f.store.batches.push_back({event(5, "x")});
+  f.store.batches.push_back({event(5, "x")});  // claimable again after its release
   Router router({}, 1);
   auto loop = f.make(router, {&f.a});
-  f.store.fail_completes = 1;  // batch 1's complete, while batch 2 is being published
+  f.store.fail_completes = 1;  // batch 1's complete, while batch 2 is published and 3 claimed
   CHECK_THROWS_AS(loop.drain({}), StoreUnavailable);
   CHECK(f.store.completed.empty());
-  CHECK(f.a.seen == std::vector<EventId>{1, 2, 3, 4});
-  loop.drain({});  // applies both batches' outcomes, then goes on
+  CHECK(f.a.seen == std::vector<EventId>{1, 2, 3, 4});  // batch 3 was claimed but not published
+  loop.drain({});  // applies both batches' outcomes and hands batch 3 back, then goes on
   CHECK(f.a.seen == std::vector<EventId>{1, 2, 3, 4, 5});
-  REQUIRE(f.store.completed.size() == 5);
-  for (EventId id = 1; id <= 5; ++id) CHECK(f.store.of(id).kind == Kind::kDelivered);
+  REQUIRE(f.store.completed.size() == 6);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(f.store.completed[i].id == static_cast<EventId>(i + 1));
+    CHECK(f.store.completed[i].kind == Kind::kDelivered);
+  }
+  CHECK(f.store.completed[4].id == 5);
+  CHECK(f.store.completed[4].kind == Kind::kRelease);
+  CHECK(f.store.completed[5].id == 5);
+  CHECK(f.store.completed[5].kind == Kind::kDelivered);
 }
 
 TEST_CASE("drain stops claiming on stop and pauses with nothing in flight") {
@@ -378,4 +401,21 @@ TEST_CASE("drain stops claiming on stop and pauses with nothing in flight") {
   CHECK(completed_at_pause == std::vector<std::size_t>{2});
   CHECK(f.a.seen == std::vector<EventId>{1, 2, 3, 4});
   CHECK(f.store.completed.size() == 4);
+}
+
+TEST_CASE("a stop that comes while a batch is in the sinks hands the next claimed batch back") {
+  Fixture f;
+  f.options.batch_size = 2;
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "x"), event(4, "y")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  DrainControl control;
+  control.stop = [&] { return f.store.claims == 2; };  // stop arrives after the second claim
+  loop.drain(control);
+  CHECK(f.a.seen == std::vector<EventId>{1, 2});
+  REQUIRE(f.store.completed.size() == 4);
+  CHECK(f.store.of(1).kind == Kind::kDelivered);
+  CHECK(f.store.of(3).kind == Kind::kRelease);
+  CHECK(f.store.of(4).kind == Kind::kRelease);
 }
