@@ -371,7 +371,6 @@ STATEMENT_KINDS = [
     ("claim", re.compile(r"execute claim")),
     ("mark", re.compile(r"execute mark")),
     ("delete", re.compile(r"execute delete")),
-    ("fail", re.compile(r"execute fail")),
     ("begin", re.compile(r"statement: BEGIN")),
     ("commit", re.compile(r"statement: COMMIT")),
     ("rebalance", re.compile(r"pg_locks WHERE locktype = 'advisory' AND objsubid = 2|pg_try_advisory_lock")),
