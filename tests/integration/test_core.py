@@ -229,6 +229,26 @@ def test_7_retry_backs_off_and_poison_is_dead_lettered(db, relays, workdir):
     assert relay.stop() == 0
 
 
+def test_on_success_delete_removes_delivered_rows_and_keeps_dead_letters(db, relays, workdir):
+    out = workdir / "events.jsonl"
+    # A backlog in small batches, so the pipeline runs full: one batch in the sink while the one
+    # before is deleted and the one after is claimed. A poison row sits in the middle.
+    first = db.insert([("order.paid", f"k{i % 50}", {"i": i}) for i in range(1000)])
+    [poison] = db.insert([("order.paid", "k7", {"x": 1}, {"n": 1})])
+    rest = db.insert([("order.paid", f"k{i % 50}", {"i": i}) for i in range(1000, 2000)])
+    relay = relays(base_config(db, file_sink(out), batch_size=50, on_success="delete"))
+    wait_until(lambda: db.scalar("SELECT count(*) FROM outbox_events") == 1, timeout=30,
+               message="delivered rows deleted")
+    lines = read_jsonl(out)
+    assert sorted(line["id"] for line in lines) == first + rest  # each id exactly once
+    assert_per_key_order(lines)
+    assert db.query("SELECT id, attempts, last_error, dead_lettered_at IS NOT NULL FROM outbox_events") == \
+        [(poison, 1, "invalid event: header 'n' must be a string, got number", True)]
+    status = json.loads(run_cli("status", "--json", env={"DATABASE_URL": db.url}).stdout)
+    assert status["dead_lettered"] == 1 and status["pending"] == 0
+    assert relay.stop() == 0
+
+
 BAD_CONFIGS = [
     ({"relay": {"batch_sise": 10}}, "relay.batch_sise: unknown key"),
     ({"relay": {"lease": "60"}}, "relay.lease: expected a duration"),
