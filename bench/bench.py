@@ -369,8 +369,7 @@ class Bench:
 STATEMENT_KINDS = [
     ("fence", re.compile(r"execute fence")),
     ("claim", re.compile(r"execute claim")),
-    ("mark", re.compile(r"execute mark")),
-    ("delete", re.compile(r"execute delete")),
+    ("complete", re.compile(r"execute complete")),
     ("begin", re.compile(r"statement: BEGIN")),
     ("commit", re.compile(r"statement: COMMIT")),
     ("rebalance", re.compile(r"pg_locks WHERE locktype = 'advisory' AND objsubid = 2|pg_try_advisory_lock")),

@@ -124,22 +124,10 @@ BatchResult RelayLoop::run_once() {
   return result;
 }
 
-namespace {
-
-void merge_held(std::unordered_map<std::string, EventId>& into,
-                const std::unordered_map<std::string, EventId>& from) {
-  for (const auto& [key, id] : from) {
-    auto [it, inserted] = into.emplace(key, id);
-    if (!inserted) it->second = std::min(it->second, id);
-  }
+void RelayLoop::hold(HeldKeys& held, const std::string& key, EventId id) {
+  auto [it, inserted] = held.emplace(key, id);
+  if (!inserted) it->second = std::min(it->second, id);
 }
-
-template <class T>
-void append(std::vector<T>& to, std::vector<T>&& from) {
-  to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
-}
-
-}  // namespace
 
 BatchResult RelayLoop::drain(const DrainControl& control) {
   BatchResult total;
@@ -192,7 +180,8 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     if (failure) {
       // Keep every outcome for the next call; hand back what was claimed meanwhile.
       if (!previous_written) pending_ = std::move(previous);
-      append(pending_, std::move(outcomes));
+      pending_.insert(pending_.end(), std::make_move_iterator(outcomes.begin()),
+                      std::make_move_iterator(outcomes.end()));
       hand_back(next);
       std::rethrow_exception(failure);
     }
@@ -202,7 +191,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
       // `next` was claimed before this batch's outcomes were written, and perhaps before the
       // previous batch's were.
       held = failed;
-      merge_held(held, held_previous);
+      for (const auto& [key, id] : held_previous) hold(held, key, id);
       held_previous = std::move(failed);
     }
     if (next.empty()) {
@@ -337,10 +326,7 @@ std::vector<Completion> RelayLoop::settle(Batch& batch, BatchResult& result, Hel
       metrics_.dead_lettered(label);
       ++result.dead_lettered;
     }
-    if (c.kind == Completion::Kind::kRetry || c.kind == Completion::Kind::kRelease) {
-      auto [it, inserted] = held_out.emplace(event.key, event.id);
-      if (!inserted) it->second = std::min(it->second, event.id);
-    }
+    if (c.kind == Completion::Kind::kRetry || c.kind == Completion::Kind::kRelease) hold(held_out, event.key, event.id);
     completions.push_back(std::move(c));
   }
   return completions;

@@ -40,8 +40,8 @@ struct BatchResult {
 struct DrainControl {
   // True: claim nothing more; the batch in flight is finished and completed.
   std::function<bool()> stop = [] { return false; };
-  // Called with no batch in flight, the previous ones completed (the runner rebalances lanes
-  // here), when due() says so.
+  // When pause_due() says so, pause() is called with no batch in flight and every outcome so far
+  // written (the runner rebalances lanes there).
   std::function<bool()> pause_due = [] { return false; };
   std::function<void()> pause = [] {};
 };
@@ -86,6 +86,7 @@ class RelayLoop {
   // released): later events of the key in a batch claimed before that outcome was written wait.
   using HeldKeys = std::unordered_map<std::string, EventId>;
 
+  static void hold(HeldKeys& held, const std::string& key, EventId id);  // keeps the smallest id
   std::vector<Event> claim();
   void note_retries(const std::vector<Completion>& completed);
   Batch prepare(std::vector<Event> events, const HeldKeys& held) const;

@@ -37,7 +37,7 @@ struct PgStore::Impl {
   std::string owned_literal = "{}";
   std::mt19937 rng{std::random_device{}()};
 
-  std::string claim_sql, fence_sql, mark_sql, delete_sql;
+  std::string claim_sql, fence_sql, complete_sql;
   bool fenced = false;  // the last claim stopped at an open writer's fence
   std::string sequence;  // the id sequence, schema-qualified
 
@@ -98,8 +98,15 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
       "AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " + std::to_string(fence_tag(t));
   // Complete: one autocommit statement (one round trip, one durable commit) for a whole batch:
-  // $1 the delivered ids, marked or deleted; $2 the other outcomes as a JSON array.
-  const std::string fail_sql =
+  // $1 the delivered ids, marked or deleted; $2 the other outcomes as a JSON array. Unreferenced
+  // data-modifying CTEs still run.
+  const std::string done_sql =
+      impl_->opt.delete_on_success
+          ? "DELETE FROM " + t + " WHERE id = ANY($1::bigint[])"
+          : "UPDATE " + t + " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
+            "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL";
+  impl_->complete_sql =
+      "WITH done AS (" + done_sql + "), failed AS ("
       "UPDATE " + t + " AS e SET "
       "  attempts = e.attempts + CASE WHEN r.kind = 'release' THEN 0 ELSE 1 END, "
       "  next_attempt_at = CASE WHEN r.kind = 'retry' THEN now() + r.delay_ms * interval '1 millisecond' "
@@ -108,14 +115,8 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "  dead_lettered_at = CASE WHEN r.kind = 'dead' THEN now() ELSE NULL END, "
       "  sinks_done = r.sinks_done, lease_owner = NULL, lease_until = NULL "
       "FROM jsonb_to_recordset($2::jsonb) AS r(id bigint, kind text, delay_ms bigint, error text, sinks_done text[]) "
-      "WHERE e.id = r.id AND e.processed_at IS NULL RETURNING 1";
-  const auto complete_sql = [&](const std::string& done) {
-    return "WITH done AS (" + done + "), failed AS (" + fail_sql + ") "
-           "SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM failed)";
-  };
-  impl_->mark_sql = complete_sql("UPDATE " + t + " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
-                                 "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL RETURNING 1");
-  impl_->delete_sql = complete_sql("DELETE FROM " + t + " WHERE id = ANY($1::bigint[]) RETURNING 1");
+      "WHERE e.id = r.id AND e.processed_at IS NULL) "
+      "SELECT 1";
 }
 
 PgStore::~PgStore() = default;
@@ -286,13 +287,11 @@ void PgStore::complete(std::span<const Completion> completions) {
     translate_errors("complete", [&] {
       if (!im.done_conn) {
         auto conn = open_session(im.opt.url, "completer");
-        conn->prepare("mark", im.mark_sql);
-        conn->prepare("delete", im.delete_sql);
+        conn->prepare("complete", im.complete_sql);
         im.done_conn = std::move(conn);
       }
       pqxx::nontransaction tx(*im.done_conn);
-      tx.exec_prepared1(im.opt.delete_on_success ? "delete" : "mark",
-                        int_array(delivered.data(), delivered.data() + delivered.size()),
+      tx.exec_prepared1("complete", int_array(delivered.data(), delivered.data() + delivered.size()),
                         others.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     });
   } catch (const StoreUnavailable&) {
