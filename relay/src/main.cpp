@@ -35,6 +35,7 @@ struct Options {
   std::string older_than;
   long long from_id = 0;
   long long to_id = 0;
+  int to_version = 0;  // migrate
 };
 
 // The config for commands that only need the database: from --config if given, else from
@@ -164,6 +165,8 @@ int main(int argc, char** argv) {
 
   auto* run = app.add_subcommand("run", "Run the relay until SIGTERM/SIGINT");
   auto* migrate = app.add_subcommand("migrate", "Create or upgrade the outbox schema (idempotent)");
+  migrate->add_option("--to-version", o.to_version, "stop after this schema version (default: the newest)")
+      ->check(CLI::PositiveNumber);
   auto* status = app.add_subcommand("status", "Pending, oldest pending age and dead letters per topic");
   status->add_flag("--json", o.json, "machine-readable output");
 
@@ -228,7 +231,8 @@ int main(int argc, char** argv) {
   try {
     if (*run) return outbox::app::run_relay(config);
     if (*migrate) {
-      const auto result = outbox::pg::migrate(config.database.url, config.database.table, config.database.channel);
+      const auto result = outbox::pg::migrate(config.database.url, config.database.table, config.database.channel,
+                                              o.to_version);
       if (result.applied.empty()) {
         std::printf("schema is up to date (version %d) for %s\n", result.current_version, config.database.table.c_str());
       }

@@ -8,7 +8,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import Writers, base_config, read_jsonl, run_cli, run_config, wait_until
+from conftest import ROOT, Writers, base_config, read_jsonl, run_cli, run_config, wait_until
 
 
 def file_sink(path):
@@ -47,7 +47,8 @@ def password_of(db):
 def test_migrate_is_idempotent_and_roles_are_least_privilege(db):
     again = db.migrate()
     assert "up to date" in again.stdout
-    assert db.scalar("SELECT count(*) FROM outbox_schema_migrations WHERE table_name = 'outbox_events'") == 1
+    versions = len(list((ROOT / "schema").glob("[0-9]*.sql")))
+    assert db.scalar("SELECT count(*) FROM outbox_schema_migrations WHERE table_name = 'outbox_events'") == versions
     with db.connect() as conn:
         conn.execute("CREATE ROLE app_writer LOGIN PASSWORD 'w' IN ROLE outbox_writer")
     try:
@@ -58,7 +59,8 @@ def test_migrate_is_idempotent_and_roles_are_least_privilege(db):
             assert new_id == 2
             for forbidden in ("SELECT payload FROM outbox_events",
                               "UPDATE outbox_events SET processed_at = now()",
-                              "DELETE FROM outbox_events"):
+                              "DELETE FROM outbox_events",
+                              "SELECT * FROM outbox_claim('w', 1, '{}', 1, -1, false, '{}', '[]', false)"):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     w.execute(forbidden)
     finally:
@@ -88,7 +90,7 @@ def test_1_concurrent_writers_every_id_once_in_key_order(db, relays, workdir):
     assert (first["topic"], first["key"], first["payload"], first["headers"]) == (row[1], row[2], row[3], {})
 
 
-def test_2_listen_path_delivers_without_the_sweep(db, relays, workdir):
+def test_2_an_idle_relay_finds_a_new_event_by_polling_without_the_sweep(db, relays, workdir):
     out = workdir / "events.jsonl"
     relay = relays(base_config(db, file_sink(out), sweep_interval="1h"))
     relay.wait_log("ordering lanes rebalanced")

@@ -160,8 +160,10 @@ def test_1_metrics_after_known_workload(db, relays, workdir):
     version = run_cli("--version").stdout.split()[-1]
     assert m.value("outbox_relay_build_info", version=version) == 1
     wakeups = m.series("outbox_relay_wakeups_total")
-    assert {dict(labels)["source"] for labels in wakeups} == {"notify", "sweep", "retry", "startup"}
-    assert m.value("outbox_relay_wakeups_total", source="notify") >= 1
+    assert {dict(labels)["source"] for labels in wakeups} == {"notify", "poll", "sweep", "retry", "startup"}
+    # Writers ring no bell (schema 2): the relay found the events by polling.
+    assert m.value("outbox_relay_wakeups_total", source="poll") >= 1
+    assert m.value("outbox_relay_wakeups_total", source="notify") == 0
     # Every metric has the prefix, and labels stay bounded: no key, no event id.
     assert all(name.startswith("outbox_relay_") for name in m.families)
     label_names = {k for (_, labels) in m.samples for k, _ in labels}

@@ -98,6 +98,8 @@ int run_relay(const config::Config& config) {
   RunnerOptions runner_options;
   runner_options.sweep_interval = config.relay.sweep_interval;
   runner_options.rebalance_interval = config.relay.rebalance_interval;
+  runner_options.poll_interval = config.relay.poll_interval;
+  runner_options.idle_poll_interval = config.relay.idle_poll_interval;
   Runner runner(loop, store, bell, metrics, health, runner_options, jitter);
 
   pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, runner_options.reconnect);

@@ -50,6 +50,16 @@ RelaySection parse_relay(Section& s) {
   c.batch_size = static_cast<std::size_t>(s.integer_or("batch_size", static_cast<long long>(c.batch_size), 1, 10'000));
   c.lease = s.duration_or("lease", c.lease);
   c.sweep_interval = s.duration_or("sweep_interval", c.sweep_interval);
+  c.poll_interval = s.duration_or("poll_interval", c.poll_interval);
+  c.idle_poll_interval = s.duration_or("idle_poll_interval", c.idle_poll_interval);
+  for (const auto& [key, value] : {std::pair{"poll_interval", c.poll_interval}, {"idle_poll_interval", c.idle_poll_interval}}) {
+    if (value < std::chrono::milliseconds{1} || value > std::chrono::milliseconds{10'000}) {
+      throw ConfigError(s.key_path(key) + ": expected a duration from 1ms to 10s, got " + format_duration(value));
+    }
+  }
+  if (c.idle_poll_interval < c.poll_interval) {
+    throw ConfigError(s.key_path("idle_poll_interval") + ": must not be shorter than " + s.key_path("poll_interval"));
+  }
   c.max_attempts = static_cast<int>(s.integer_or("max_attempts", c.max_attempts, 1, 1'000'000));
   if (auto b = s.section("backoff")) {
     c.backoff.initial = b->duration_or("initial", c.backoff.initial);
@@ -211,6 +221,8 @@ nlohmann::json describe(const Config& c) {
        {{"batch_size", c.relay.batch_size},
         {"lease", format_duration(c.relay.lease)},
         {"sweep_interval", format_duration(c.relay.sweep_interval)},
+        {"poll_interval", format_duration(c.relay.poll_interval)},
+        {"idle_poll_interval", format_duration(c.relay.idle_poll_interval)},
         {"max_attempts", c.relay.max_attempts},
         {"backoff", {{"initial", format_duration(c.relay.backoff.initial)}, {"max", format_duration(c.relay.backoff.max)}}},
         {"on_success", c.relay.on_success == OnSuccess::kDelete ? "delete" : "mark"},

@@ -27,6 +27,10 @@ struct RelaySection {
   std::size_t batch_size = 500;
   std::chrono::milliseconds lease{60'000};
   std::chrono::milliseconds sweep_interval{30'000};
+  // How often the relay polls the table for new events while they flow, and once they stopped
+  // for a second (README "How wakeups work").
+  std::chrono::milliseconds poll_interval{5};
+  std::chrono::milliseconds idle_poll_interval{100};
   int max_attempts = 20;
   BackoffPolicy backoff{std::chrono::milliseconds{1000}, std::chrono::milliseconds{300'000}};
   OnSuccess on_success = OnSuccess::kMark;

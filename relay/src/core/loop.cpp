@@ -103,10 +103,18 @@ BatchResult& BatchResult::operator+=(const BatchResult& other) {
   return *this;
 }
 
-std::vector<Event> RelayLoop::claim() {
+std::vector<Event> RelayLoop::claim(bool probe) {
   const auto now = clock_.now();
-  retry_due_.erase(retry_due_.begin(), retry_due_.upper_bound(now));
-  auto events = store_.claim(options_.batch_size);
+  std::vector<Event> events;
+  if (probe) {
+    // The poll writes the outcomes left from the previous poll first, in its own round trip.
+    events = store_.probe_claim(options_.batch_size, pending_);
+    note_retries(pending_);
+    pending_.clear();
+  } else {
+    events = store_.claim(options_.batch_size);
+    retry_due_.erase(retry_due_.begin(), retry_due_.upper_bound(now));  // a poll may skip due retries
+  }
   metrics_.claimed(events.size(), seconds_between(now, clock_.now()));
   return events;
 }
@@ -131,8 +139,8 @@ void RelayLoop::hold(HeldKeys& held, const std::string& key, EventId id) {
 
 BatchResult RelayLoop::drain(const DrainControl& control) {
   BatchResult total;
-  flush_pending();
-  std::vector<Event> next = claim();
+  if (!control.probe) flush_pending();
+  std::vector<Event> next = claim(control.probe);
   HeldKeys held;           // keys `next` holds back: claimed before these outcomes were written
   HeldKeys held_previous;  // failures of the batch whose outcomes are written beside the next claim
   while (!next.empty()) {
@@ -142,7 +150,9 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     // Three things at once: the sinks work on this batch (helper thread), the previous batch's
     // outcomes are written (another helper, the store's second session), and the next batch is
     // claimed (this thread).
-    auto publishing = std::async(std::launch::async, [this, &batch] { publish(batch); });
+    // A short batch (a steady stream, polled every few milliseconds) has nothing to overlap with:
+    // it is published on this thread, without the cost of starting a helper.
+    auto publishing = std::async(full ? std::launch::async : std::launch::deferred, [this, &batch] { publish(batch); });
     std::vector<Completion> previous = std::exchange(pending_, {});
     std::future<void> completing;
     if (!previous.empty()) {
@@ -198,13 +208,15 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
       // Nothing claimed while the sinks worked: the batch was short (caught up), or a stop or a
       // pause came, or the overlapping claim found nothing. Complete it, then look again only if
       // there may be more: a full batch not yet followed by a claim, or released events, which
-      // are claimable again at once.
-      flush_pending();
+      // are claimable again at once. A poll that ends here leaves its outcomes to the next poll,
+      // which writes them in its own round trip (has_pending() tells the runner).
+      const bool more = (full && !overlapped) || result.released > 0;
+      if (!control.probe || more || control.stop() || control.pause_due()) flush_pending();
       held.clear();  // what is claimed from here on sees every outcome so far
       held_previous.clear();
       if (control.stop()) break;
       if (control.pause_due()) control.pause();
-      if ((full && !overlapped) || result.released > 0) next = claim();
+      if (more) next = claim();
     }
   }
   return total;

@@ -36,8 +36,10 @@ struct BatchResult {
   BatchResult& operator+=(const BatchResult& other);
 };
 
-// How the runner steers a drain. Both are asked before every claim.
+// How the runner steers a drain. stop and pause_due are asked before every claim.
 struct DrainControl {
+  // The first claim is the runner's poll (Store::probe_claim): cheap when nothing is new.
+  bool probe = false;
   // True: claim nothing more; the batch in flight is finished and completed.
   std::function<bool()> stop = [] { return false; };
   // When pause_due() says so, pause() is called with no batch in flight and every outcome so far
@@ -72,8 +74,10 @@ class RelayLoop {
   // sink's deferred events.
   BatchResult drain(const DrainControl& control);
 
-  // Applies completions left over from a failed complete(), if any.
+  // Applies completions not yet written (left over from a failed complete(), or by a poll that
+  // leaves them to the next poll), if any.
   void flush_pending();
+  bool has_pending() const { return !pending_.empty(); }
 
   // The earliest time a retry scheduled by this loop becomes due, if any is outstanding.
   std::optional<Clock::SteadyTime> next_retry_due() const;
@@ -87,7 +91,7 @@ class RelayLoop {
   using HeldKeys = std::unordered_map<std::string, EventId>;
 
   static void hold(HeldKeys& held, const std::string& key, EventId id);  // keeps the smallest id
-  std::vector<Event> claim();
+  std::vector<Event> claim(bool probe = false);
   void note_retries(const std::vector<Completion>& completed);
   Batch prepare(std::vector<Event> events, const HeldKeys& held) const;
   void publish(Batch& batch);  // the sinks' part; may run on a helper thread

@@ -5,7 +5,9 @@
 
 namespace outbox {
 
-enum class WakeSource { kNotify, kSweep, kRetry, kStartup };
+// kPoll: a poll of the table found events (README "How wakeups work"); kNotify: a NOTIFY on the
+// channel (an opt-in writer trigger, or an operator command).
+enum class WakeSource { kNotify, kPoll, kSweep, kRetry, kStartup };
 
 class Metrics {
  public:

@@ -23,9 +23,13 @@ void Runner::maybe_rebalance() {
   store_.rebalance();  // lanes gained are caught up by the drain in progress or the next one
 }
 
-void Runner::drain() {
-  bell_.clear();  // rings from here on wake the next wait: nothing committed later is missed
+std::size_t Runner::drain(bool probe) {
+  // A full drain clears the bell: rings from here on wake the next wait, so nothing committed
+  // later is missed. A poll leaves it: a ring it did not look for (a LISTEN session restored,
+  // asking for a catch-up) still gets its full drain.
+  if (!probe) bell_.clear();
   DrainControl control;
+  control.probe = probe;
   control.stop = [this] { return bell_.stopped(); };
   // Between batches, so a long backlog does not keep lanes from new peers.
   control.pause_due = [this] { return std::chrono::steady_clock::now() >= next_rebalance_; };
@@ -35,15 +39,18 @@ void Runner::drain() {
     log::debug("drain done", {{"claimed", r.claimed}, {"delivered", r.delivered}, {"released", r.released},
                               {"retried", r.retried}, {"dead_lettered", r.dead_lettered}});
   }
+  return r.claimed;
 }
 
 void Runner::run() {
   using Steady = std::chrono::steady_clock;
   auto now = Steady::now();
   auto next_sweep = now + options_.sweep_interval;
+  auto last_found = now;  // when a drain or poll last claimed something
   next_rebalance_ = now;
   int failures = 0;
   bool drain_needed = true;  // catch up at start
+  bool poll_due = false;
   health_.loop_running = true;
 
   while (!bell_.stopped()) {
@@ -54,21 +61,29 @@ void Runner::run() {
         log::info("database session restored", {{"after_attempts", failures}});
         failures = 0;
         drain_needed = true;
+        loop_.flush_pending();
       }
       health_.store_up = true;
-      loop_.flush_pending();
       now = Steady::now();
       if (now >= next_rebalance_) {
         if (store_.rebalance()) drain_needed = true;
         next_rebalance_ = now + options_.rebalance_interval;
       }
-      if (drain_needed) drain();
+      if (drain_needed || poll_due) {
+        const bool probe = !drain_needed;
+        if (drain(probe) > 0) {
+          last_found = Steady::now();
+          if (probe) metrics_.wakeup(WakeSource::kPoll);
+        }
+      }
       if (bell_.stopped()) break;
 
-      auto deadline = std::min(next_sweep, next_rebalance_);
+      now = Steady::now();
+      const bool flowing =
+          now - last_found < options_.idle_after || store_.waiting_for_writers() || loop_.has_pending();
+      const auto next_poll = now + (flowing ? options_.poll_interval : options_.idle_poll_interval);
+      auto deadline = std::min({next_sweep, next_rebalance_, next_poll});
       if (auto due = loop_.next_retry_due()) deadline = std::min(deadline, *due);
-      const bool fenced = store_.waiting_for_writers();
-      if (fenced) deadline = std::min(deadline, Steady::now() + options_.writer_poll);
       const auto source = bell_.wait_until(deadline);
       if (bell_.stopped()) break;
       now = Steady::now();
@@ -82,11 +97,11 @@ void Runner::run() {
         drain_needed = true;
         next_sweep = now + options_.sweep_interval;
       }
-      if (fenced && !drain_needed) drain_needed = true;  // a writer may have rolled back
       if (auto due = loop_.next_retry_due(); due && *due <= now) {
         if (!drain_needed) metrics_.wakeup(WakeSource::kRetry);
         drain_needed = true;
       }
+      poll_due = !drain_needed && now >= next_poll;
     } catch (const StoreUnavailable& e) {
       health_.store_up = false;
       ++failures;
@@ -96,6 +111,12 @@ void Runner::run() {
       if (!bell_.sleep_until(Steady::now() + delay)) break;
       drain_needed = true;
     }
+  }
+  try {
+    loop_.flush_pending();  // outcomes a poll left for the next one
+  } catch (const StoreUnavailable& e) {
+    log::warn("could not write the last outcomes at shutdown; their leases expire and the events are sent again",
+              {{"error", e.what()}});
   }
   health_.loop_running = false;
 }

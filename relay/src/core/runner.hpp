@@ -1,6 +1,8 @@
 #pragma once
-// Drives the loop: waits for a bell, a sweep tick, a due retry or a rebalance tick, drains until
-// a claim comes back short, and reconnects with backoff when the store is unavailable.
+// Drives the loop: polls the store (Store::probe_claim) every poll_interval while events flow and
+// every idle_poll_interval once they stop; drains at once on a bell (LISTEN), a sweep tick, a due
+// retry or lanes gained, until a claim comes back short; reconnects with backoff when the store is
+// unavailable. README "How wakeups work".
 #include <chrono>
 #include <functional>
 
@@ -14,8 +16,13 @@ namespace outbox {
 struct RunnerOptions {
   std::chrono::milliseconds sweep_interval{30000};
   std::chrono::milliseconds rebalance_interval{5000};
-  // How soon to look again when a claim was held back by an open writer.
-  std::chrono::milliseconds writer_poll{100};
+  // Polls while events flow, or while a claim is held back by an open writer (whose commit or
+  // rollback rings nothing): events wait up to this long, and a steady stream is claimed in
+  // batches of what arrived meanwhile.
+  std::chrono::milliseconds poll_interval{5};
+  // Polls once nothing new was found for idle_after: what an idle relay costs.
+  std::chrono::milliseconds idle_poll_interval{100};
+  std::chrono::milliseconds idle_after{1000};
   BackoffPolicy reconnect{std::chrono::milliseconds{500}, std::chrono::milliseconds{30000}};
 };
 
@@ -29,7 +36,8 @@ class Runner {
   void run();
 
  private:
-  void drain();
+  // Returns how many events were claimed.
+  std::size_t drain(bool probe);
   void maybe_rebalance();
 
   RelayLoop& loop_;

@@ -43,6 +43,17 @@ class Store {
   // Leases and returns up to limit due events of the lanes this instance owns, in id order,
   // committed before returning (no transaction stays open while sinks work).
   virtual std::vector<Event> claim(std::size_t limit) = 0;
+  // The runner's poll, called every few milliseconds while events flow: first applies the
+  // completions (the outcomes of the batch published since the last poll, as complete() would),
+  // then claims like claim(), except that the store may return nothing at once when it knows no
+  // event was committed since its last claim or poll (so events that only became due or
+  // claimable again wait for a claim(): a retry timer, a sweep, a rebalance). Cheap when nothing
+  // is new. Throws StoreUnavailable; the completions may then have been applied or not, and the
+  // caller applies them again, as after a failed complete().
+  virtual std::vector<Event> probe_claim(std::size_t limit, std::span<const Completion> completions) {
+    complete(completions);
+    return claim(limit);
+  }
   // Applies the outcomes of claimed batches in one transaction. A claim running at the same time
   // may or may not see them.
   virtual void complete(std::span<const Completion> completions) = 0;

@@ -28,13 +28,14 @@ const Histogram::BucketBoundaries kClaimBuckets{0.0005, 0.001, 0.0025, 0.005, 0.
 const Histogram::BucketBoundaries kPublishBuckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                   0.5,   1,      2.5,   5,    10,    30,   60};
 
-constexpr std::array kWakeSources{WakeSource::kNotify, WakeSource::kSweep, WakeSource::kRetry, WakeSource::kStartup};
+constexpr std::array kWakeSources{WakeSource::kNotify, WakeSource::kPoll, WakeSource::kSweep, WakeSource::kRetry, WakeSource::kStartup};
 
 }  // namespace
 
 const char* wake_source_label(WakeSource source) {
   switch (source) {
     case WakeSource::kNotify: return "notify";
+    case WakeSource::kPoll: return "poll";
     case WakeSource::kSweep: return "sweep";
     case WakeSource::kRetry: return "retry";
     case WakeSource::kStartup: return "startup";

@@ -17,43 +17,51 @@ void replace_all(std::string& text, const std::string& from, const std::string& 
 }  // namespace
 
 std::string render_migration(const std::string& sql, const std::string& table, const std::string& channel) {
-  const std::string name = table_name_only(table);
-  std::string prefix = name;
-  const std::string suffix = "_events";
-  if (prefix.size() > suffix.size() && prefix.ends_with(suffix)) prefix.resize(prefix.size() - suffix.size());
   std::string out = sql;
   replace_all(out, "{{table}}", table);
-  replace_all(out, "{{name}}", name);
-  replace_all(out, "{{prefix}}", prefix);
+  replace_all(out, "{{name}}", table_name_only(table));
+  replace_all(out, "{{prefix}}", function_prefix(table));
   replace_all(out, "{{channel}}", channel);
   replace_all(out, "{{fence_tag}}", std::to_string(fence_tag(table)));
   return out;
 }
 
-MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel) {
-  try {
-    auto conn = open_session(url, "migrate");
-    pqxx::work tx(*conn);
-    tx.exec_params("SELECT pg_advisory_xact_lock($1)", advisory_key("outbox-relay:migrate"));
-    tx.exec0(
-        "CREATE TABLE IF NOT EXISTS outbox_schema_migrations ("
-        "  table_name text NOT NULL, version integer NOT NULL, name text NOT NULL,"
-        "  applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (table_name, version))");
-    MigrateResult result;
-    const auto done = tx.exec_params("SELECT coalesce(max(version), 0) FROM outbox_schema_migrations WHERE table_name = $1", table);
-    result.current_version = done[0][0].as<int>();
-    for (const auto& m : embedded_migrations()) {
-      if (m.version <= result.current_version) continue;
-      tx.exec(render_migration(m.sql, table, channel));
-      tx.exec_params("INSERT INTO outbox_schema_migrations (table_name, version, name) VALUES ($1, $2, $3)", table,
-                     m.version, std::string(m.name));
-      result.applied.emplace_back(m.name);
-      result.current_version = m.version;
+MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel,
+                      int to_version) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      auto conn = open_session(url, "migrate");
+      pqxx::work tx(*conn);
+      tx.exec_params("SELECT pg_advisory_xact_lock($1)", advisory_key("outbox-relay:migrate"));
+      // A DDL step waiting for a table lock would queue every writer behind it: give up soon and
+      // try the whole transaction again instead (55P03 below).
+      tx.exec0("SET LOCAL lock_timeout = '500ms'");
+      tx.exec0(
+          "CREATE TABLE IF NOT EXISTS outbox_schema_migrations ("
+          "  table_name text NOT NULL, version integer NOT NULL, name text NOT NULL,"
+          "  applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (table_name, version))");
+      MigrateResult result;
+      const auto done =
+          tx.exec_params("SELECT coalesce(max(version), 0) FROM outbox_schema_migrations WHERE table_name = $1", table);
+      result.current_version = done[0][0].as<int>();
+      for (const auto& m : embedded_migrations()) {
+        if (m.version <= result.current_version) continue;
+        if (to_version > 0 && m.version > to_version) break;
+        tx.exec(render_migration(m.sql, table, channel));
+        tx.exec_params("INSERT INTO outbox_schema_migrations (table_name, version, name) VALUES ($1, $2, $3)", table,
+                       m.version, std::string(m.name));
+        result.applied.emplace_back(m.name);
+        result.current_version = m.version;
+      }
+      tx.commit();
+      return result;
+    } catch (const pqxx::sql_error& e) {
+      if (e.sqlstate() != "55P03" || attempt >= kMigrateLockTries) {
+        throw std::runtime_error("migrate failed: " + describe_error(e));
+      }
+    } catch (const std::exception& e) {
+      throw std::runtime_error("migrate failed: " + describe_error(e));
     }
-    tx.commit();
-    return result;
-  } catch (const std::exception& e) {
-    throw std::runtime_error("migrate failed: " + describe_error(e));
   }
 }
 

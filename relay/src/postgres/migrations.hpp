@@ -21,9 +21,14 @@ struct MigrateResult {
   int current_version = 0;
 };
 
-// Applies pending migrations in one transaction, serialized against concurrent runs by an
-// advisory lock, and records them in outbox_schema_migrations. Running it twice is a no-op.
-// Throws std::runtime_error (password masked).
-MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel);
+// Applies pending migrations up to to_version (0: all) in one transaction, serialized against
+// concurrent runs by an advisory lock, and records them in outbox_schema_migrations. Running it
+// twice is a no-op. Writers keep running: a step that needs a table lock waits at most
+// kMigrateLockTimeout for it (never queueing writers behind a long wait) and the whole
+// transaction is tried again, up to kMigrateLockTries times. Throws std::runtime_error (password
+// masked).
+inline constexpr int kMigrateLockTries = 30;
+MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel,
+                      int to_version = 0);
 
 }  // namespace outbox::pg

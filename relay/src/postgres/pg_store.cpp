@@ -40,6 +40,17 @@ struct PgStore::Impl {
   std::string claim_sql, fence_sql, complete_sql;
   bool fenced = false;  // the last claim stopped at an open writer's fence
   std::string sequence;  // the id sequence, schema-qualified
+  // Schema 2's claim function ({prefix}_claim) exists: one round trip per claim, and polls that
+  // return at once when nothing new was committed. Without it (schema 1, before `migrate`), the
+  // two statements of schema 1; looked for again at every rebalance.
+  bool claim_fn = false;
+  long long resolved = -1;  // every id up to it is committed or gone (the last bound); -1: unknown
+  bool quiet = false;       // the last poll found nothing new: the next one asks "anything new?" first
+
+  std::vector<Event> claim_with_function(std::size_t limit, bool probe, std::span<const Completion> completions);
+  std::vector<Event> claim_with_statements(std::size_t limit);
+  // Looks for the claim function and prepares it on c; at_connect: c is a new session.
+  bool find_claim_function(pqxx::connection& c, bool at_connect);
 
   void set_owned(std::set<int> lanes) {
     owned = std::move(lanes);
@@ -51,8 +62,91 @@ struct PgStore::Impl {
   void drop() {
     conn.reset();
     set_owned({});
+    resolved = -1;
   }
 };
+
+namespace {
+
+// Reads the columns shared by both claim forms: id, topic, key, payload, headers, created_at,
+// created_at_us, attempts, sinks_done.
+Event event_from_row(const pqxx::row& row) {
+  Event e;
+  e.id = row[0].as<long long>();
+  e.topic.assign(row[1].c_str(), row[1].size());
+  e.key.assign(row[2].c_str(), row[2].size());
+  e.payload.assign(row[3].c_str(), row[3].size());
+  e.headers_json.assign(row[4].c_str(), row[4].size());
+  e.created_at.assign(row[5].c_str(), row[5].size());
+  e.created_at_us = row[6].as<long long>();
+  e.attempts = row[7].as<int>();
+  if (row[8].size() > 2) {  // not "{}"
+    auto parser = row[8].as_array();
+    for (auto item = parser.get_next(); item.first != pqxx::array_parser::done; item = parser.get_next()) {
+      if (item.first == pqxx::array_parser::string_value) e.sinks_done.push_back(item.second);
+    }
+  }
+  return e;
+}
+
+// Outcomes as the complete statement and the claim function take them: the delivered ids as an
+// array literal, the others as a JSON array of {id, kind, delay_ms, error, sinks_done}.
+struct EncodedCompletions {
+  std::string delivered;
+  std::string others;
+};
+
+const char* completion_kind(Completion::Kind kind) {
+  switch (kind) {
+    case Completion::Kind::kDelivered: return "delivered";
+    case Completion::Kind::kRetry: return "retry";
+    case Completion::Kind::kDeadLetter: return "dead";
+    case Completion::Kind::kRelease: return "release";
+  }
+  return "release";  // not reached: the switch names every kind
+}
+
+EncodedCompletions encode_completions(std::span<const Completion> completions) {
+  std::vector<long long> delivered;
+  nlohmann::json others = nlohmann::json::array();
+  for (const auto& c : completions) {
+    if (c.kind == Completion::Kind::kDelivered) {
+      delivered.push_back(c.id);
+      continue;
+    }
+    nlohmann::json item{{"id", c.id}, {"kind", completion_kind(c.kind)}, {"delay_ms", c.delay.count()},
+                        {"sinks_done", c.sinks_done}};
+    if (!c.error.empty()) item["error"] = c.error.substr(0, 2000);
+    others.push_back(std::move(item));
+  }
+  return {int_array(delivered.data(), delivered.data() + delivered.size()),
+          others.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+}
+
+std::string claim_function_name(const std::string& table) { return function_prefix(table) + "_claim"; }
+
+}  // namespace
+
+bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
+  const std::string name = claim_function_name(opt.table);
+  bool found = false;
+  {
+    pqxx::nontransaction q(c);
+    found = q.exec_params1("SELECT to_regprocedure($1) IS NOT NULL",
+                           name + "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean)")[0]
+                .as<bool>();
+  }
+  if (found) {
+    c.prepare("claim_fn", "SELECT * FROM " + name + "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9)");
+    c.prepare("anything_new", "SELECT (SELECT id FROM " + opt.table + " WHERE id > $1 ORDER BY id LIMIT 1)");
+    if (!at_connect) log::info("schema upgraded: claiming through " + name + "()", {{"table", opt.table}});
+  } else if (at_connect) {
+    log::warn("the outbox schema is at version 1: run `outbox-relay migrate`; until then each claim takes two "
+              "statements and writers pay for the NOTIFY trigger",
+              {{"table", opt.table}});
+  }
+  return found;
+}
 
 PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->opt = std::move(options);
@@ -144,6 +238,7 @@ void PgStore::connect() {
       impl_->sequence = seq[0].as<std::string>();
     }
     conn->prepare("fence", impl_->fence_sql);
+    impl_->claim_fn = impl_->find_claim_function(*conn, true);
     // Membership: one advisory lock per live instance, counted by every peer in pg_locks.
     pqxx::nontransaction tx(*conn);
     std::uniform_int_distribution<int> pick(1, 0x7ffffffe);
@@ -164,7 +259,7 @@ bool PgStore::rebalance() {
   connect();
   auto& im = *impl_;
   try {
-    return translate_errors("rebalance", [&] {
+    const bool gained_any = translate_errors("rebalance", [&] {
       pqxx::nontransaction tx(*im.conn);
       const auto members = tx.exec_params(
           "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted "
@@ -214,48 +309,31 @@ bool PgStore::rebalance() {
       im.set_owned(std::move(owned));
       return !gained.empty();
     });
+    if (!im.claim_fn) im.claim_fn = translate_errors("rebalance", [&] { return im.find_claim_function(*im.conn, false); });
+    return gained_any;
   } catch (const StoreUnavailable&) {
     im.drop();
     throw;
   }
 }
 
-std::vector<Event> PgStore::claim(std::size_t limit) {
+std::vector<Event> PgStore::claim(std::size_t limit) { return claim_or_probe(limit, false, {}); }
+
+std::vector<Event> PgStore::probe_claim(std::size_t limit, std::span<const Completion> completions) {
+  if (!impl_->claim_fn || impl_->owned.empty()) {  // schema 1, or no lanes yet: two steps
+    complete(completions);
+    return claim(limit);
+  }
+  return claim_or_probe(limit, true, completions);
+}
+
+std::vector<Event> PgStore::claim_or_probe(std::size_t limit, bool probe, std::span<const Completion> completions) {
   connect();
   auto& im = *impl_;
   if (im.owned.empty()) return {};
   try {
     return translate_errors("claim", [&] {
-      // Two autocommit statements, two round trips: the fence bound, then the claim, which takes
-      // its snapshot after the bound was read (see fence_sql) and commits without a WAL flush.
-      pqxx::nontransaction tx(*im.conn);
-      const auto bound = tx.exec_prepared1("fence", im.sequence);
-      const long long last_id = bound[0].as<long long>();
-      const long long fence = bound[1].as<long long>();
-      const auto rows = tx.exec_prepared("claim", im.opt.instance_id, static_cast<long long>(im.opt.lease.count()),
-                                         im.owned_literal, static_cast<long long>(limit), std::min(last_id, fence));
-      // Held back by an open writer: poll again soon, as a writer that rolls back rings no bell.
-      im.fenced = fence < last_id && rows.size() < limit;
-      std::vector<Event> events;
-      events.reserve(rows.size());
-      for (const auto& row : rows) {
-        Event e;
-        e.id = row[0].as<long long>();
-        e.topic.assign(row[1].c_str(), row[1].size());
-        e.key.assign(row[2].c_str(), row[2].size());
-        e.payload.assign(row[3].c_str(), row[3].size());
-        e.headers_json.assign(row[4].c_str(), row[4].size());
-        e.created_at.assign(row[5].c_str(), row[5].size());
-        e.created_at_us = row[6].as<long long>();
-        e.attempts = row[7].as<int>();
-        if (row[8].size() > 2) {  // not "{}"
-          auto parser = row[8].as_array();
-          for (auto item = parser.get_next(); item.first != pqxx::array_parser::done; item = parser.get_next()) {
-            if (item.first == pqxx::array_parser::string_value) e.sinks_done.push_back(item.second);
-          }
-        }
-        events.push_back(std::move(e));
-      }
+      auto events = im.claim_fn ? im.claim_with_function(limit, probe, completions) : im.claim_with_statements(limit);
       std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.id < b.id; });
       return events;
     });
@@ -265,24 +343,57 @@ std::vector<Event> PgStore::claim(std::size_t limit) {
   }
 }
 
+std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool probe,
+                                                      std::span<const Completion> completions) {
+  pqxx::nontransaction tx(*conn);
+  if (probe && quiet && resolved >= 0 && completions.empty()) {
+    // An idle relay polls every idle_poll_interval: a plain index probe costs about half of
+    // calling the function, which answers the same question first when events flow.
+    if (tx.exec_prepared1("anything_new", resolved)[0].is_null()) return {};
+  }
+  const EncodedCompletions encoded = encode_completions(completions);
+  const auto rows = tx.exec_prepared("claim_fn", opt.instance_id, static_cast<long long>(opt.lease.count()),
+                                     owned_literal, static_cast<int>(limit), resolved, probe, encoded.delivered,
+                                     encoded.others, opt.delete_on_success);
+  std::vector<Event> events;
+  events.reserve(rows.size());
+  for (const auto& row : rows) {
+    if (!row[0].is_null()) {
+      events.push_back(event_from_row(row));
+      continue;
+    }
+    const long long bound = row[9].as<long long>();
+    const long long last_id = row[10].as<long long>();
+    resolved = std::max(resolved, bound);
+    quiet = probe && events.empty();
+    // Held back by an open writer: the runner keeps polling at the short interval.
+    fenced = bound < last_id && events.size() < limit;
+  }
+  return events;
+}
+
+std::vector<Event> PgStore::Impl::claim_with_statements(std::size_t limit) {
+  // Two autocommit statements, two round trips: the fence bound, then the claim, which takes
+  // its snapshot after the bound was read (see fence_sql) and commits without a WAL flush.
+  pqxx::nontransaction tx(*conn);
+  const auto bound = tx.exec_prepared1("fence", sequence);
+  const long long last_id = bound[0].as<long long>();
+  const long long fence = bound[1].as<long long>();
+  const auto rows = tx.exec_prepared("claim", opt.instance_id, static_cast<long long>(opt.lease.count()),
+                                     owned_literal, static_cast<long long>(limit), std::min(last_id, fence));
+  // Held back by an open writer: poll again soon, as a writer that rolls back rings no bell.
+  fenced = fence < last_id && rows.size() < limit;
+  std::vector<Event> events;
+  events.reserve(rows.size());
+  for (const auto& row : rows) events.push_back(event_from_row(row));
+  return events;
+}
+
 void PgStore::complete(std::span<const Completion> completions) {
   if (completions.empty()) return;
   connect();
   auto& im = *impl_;
-  std::vector<long long> delivered;
-  nlohmann::json others = nlohmann::json::array();
-  for (const auto& c : completions) {
-    if (c.kind == Completion::Kind::kDelivered) {
-      delivered.push_back(c.id);
-      continue;
-    }
-    const char* kind = c.kind == Completion::Kind::kRetry ? "retry"
-                       : c.kind == Completion::Kind::kDeadLetter ? "dead"
-                                                                  : "release";
-    nlohmann::json item{{"id", c.id}, {"kind", kind}, {"delay_ms", c.delay.count()}, {"sinks_done", c.sinks_done}};
-    if (!c.error.empty()) item["error"] = c.error.substr(0, 2000);
-    others.push_back(std::move(item));
-  }
+  const EncodedCompletions encoded = encode_completions(completions);
   try {
     translate_errors("complete", [&] {
       if (!im.done_conn) {
@@ -291,8 +402,7 @@ void PgStore::complete(std::span<const Completion> completions) {
         im.done_conn = std::move(conn);
       }
       pqxx::nontransaction tx(*im.done_conn);
-      tx.exec_prepared1("complete", int_array(delivered.data(), delivered.data() + delivered.size()),
-                        others.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      tx.exec_prepared1("complete", encoded.delivered, encoded.others);
     });
   } catch (const StoreUnavailable&) {
     im.done_conn.reset();  // only this session: a claim may be using the other one

@@ -30,6 +30,8 @@ class PgStore final : public Store {
   void connect() override;
   bool rebalance() override;
   std::vector<Event> claim(std::size_t limit) override;
+  // Writes the completions and polls in one round trip and one transaction (schema 2).
+  std::vector<Event> probe_claim(std::size_t limit, std::span<const Completion> completions) override;
   void complete(std::span<const Completion> completions) override;
   bool waiting_for_writers() const override;
 
@@ -41,6 +43,8 @@ class PgStore final : public Store {
   int lanes_owned() const;
 
  private:
+  std::vector<Event> claim_or_probe(std::size_t limit, bool probe, std::span<const Completion> completions);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

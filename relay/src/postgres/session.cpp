@@ -30,4 +30,11 @@ std::string table_name_only(const std::string& table) {
   return dot == std::string::npos ? table : table.substr(dot + 1);
 }
 
+std::string function_prefix(const std::string& table) {
+  std::string prefix = table_name_only(table);
+  const std::string suffix = "_events";
+  if (prefix.size() > suffix.size() && prefix.ends_with(suffix)) prefix.resize(prefix.size() - suffix.size());
+  return prefix;
+}
+
 }  // namespace outbox::pg

@@ -24,6 +24,9 @@ std::string int_array(const Int* begin, const Int* end);
 
 // Quoted SQL literal usable before a session exists (for fixed identifiers we validated).
 std::string table_name_only(const std::string& table);  // "app.outbox_events" -> "outbox_events"
+// The prefix of the schema's functions: the bare name without a trailing "_events"
+// ("app.outbox_events" -> "outbox": outbox_publish, outbox_claim).
+std::string function_prefix(const std::string& table);
 
 }  // namespace outbox::pg
 

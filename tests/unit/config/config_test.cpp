@@ -72,6 +72,8 @@ TEST_CASE("defaults fill everything but the url and sinks") {
   CHECK(c.database.table == "outbox_events");
   CHECK(c.database.channel == "outbox_wakeup");
   CHECK(c.relay.batch_size == 500);
+  CHECK(c.relay.poll_interval == milliseconds(5));
+  CHECK(c.relay.idle_poll_interval == milliseconds(100));
   CHECK(c.relay.on_success == OnSuccess::kMark);
   CHECK(c.http.listen == "127.0.0.1:9187");
   CHECK(c.routes.empty());
@@ -111,6 +113,10 @@ TEST_CASE("each bad config names its key and what was expected") {
       {url + "relay: {backof: {initial: 1s}}" + sinks, "relay.backof: unknown key"},
       {url + "relay: {backoff: {initial: 10s, max: 1s}}" + sinks, "relay.backoff.max: must not be shorter"},
       {url + "relay: {lease: 10ms}" + sinks, "relay.lease: must be at least 100ms"},
+      {url + "relay: {poll_interval: 0ms}" + sinks, "relay.poll_interval: expected a duration from 1ms to 10s"},
+      {url + "relay: {idle_poll_interval: 1m}" + sinks, "relay.idle_poll_interval: expected a duration from 1ms to 10s"},
+      {url + "relay: {poll_interval: 50ms, idle_poll_interval: 20ms}" + sinks,
+       "relay.idle_poll_interval: must not be shorter than relay.poll_interval"},
       {url + "databse: {}" + sinks, "databse: unknown key"},
       {"database: {url: postgresql://x/db, tabel: t}" + sinks, "database.tabel: unknown key"},
       {"database: {url: postgresql://x/db, table: 'Bad-Name'}" + sinks, "database.table: expected a lower-case table name"},

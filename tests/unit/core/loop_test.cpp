@@ -22,6 +22,17 @@ class FakeClock final : public Clock {
 
 class FakeStore final : public Store {
  public:
+  // A poll: records the completions it carries, then claims (what PgStore does in one call).
+  std::vector<Event> probe_claim(std::size_t limit, std::span<const Completion> c) override {
+    ++probes;
+    if (fail_probes > 0) {
+      --fail_probes;
+      throw StoreUnavailable("connection lost");
+    }
+    carried.push_back(std::vector<Completion>(c.begin(), c.end()));
+    completed.insert(completed.end(), c.begin(), c.end());
+    return claim(limit);
+  }
   std::vector<Event> claim(std::size_t limit) override {
     ++claims;
     last_limit = limit;
@@ -47,7 +58,10 @@ class FakeStore final : public Store {
   }
   std::deque<std::vector<Event>> batches;
   std::vector<Completion> completed;
+  std::vector<std::vector<Completion>> carried;  // what each poll wrote
   int fail_completes = 0;
+  int fail_probes = 0;
+  int probes = 0;
   int claims = 0;
   std::size_t last_limit = 0;
 };
@@ -420,4 +434,83 @@ TEST_CASE("a stop that comes while a batch is in the sinks hands the next claime
   CHECK(f.store.of(1).kind == Kind::kDelivered);
   CHECK(f.store.of(3).kind == Kind::kRelease);
   CHECK(f.store.of(4).kind == Kind::kRelease);
+}
+
+// Polls (DrainControl::probe): a steady stream's batch is short; its outcomes ride with the next poll.
+
+TEST_CASE("a poll leaves a short batch's outcomes to the next poll, which writes them first") {
+  Fixture f;
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "x")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  DrainControl poll;
+  poll.probe = true;
+  CHECK(loop.drain(poll).delivered == 2);
+  CHECK(f.store.completed.empty());  // no separate complete for a short batch
+  CHECK(loop.has_pending());
+  CHECK(loop.drain(poll).delivered == 1);
+  REQUIRE(f.store.carried.size() == 2);
+  CHECK(f.store.carried[0].empty());
+  REQUIRE(f.store.carried[1].size() == 2);  // batch 1's outcomes, written by the poll that claimed 3
+  CHECK(f.store.carried[1][0].id == 1);
+  CHECK(f.store.carried[1][1].id == 2);
+  loop.drain(poll);  // nothing new: still writes batch 2's outcome
+  CHECK(f.store.of(3).kind == Kind::kDelivered);
+  CHECK_FALSE(loop.has_pending());
+  CHECK(f.store.claims == 3);
+  CHECK(f.store.probes == 3);
+}
+
+TEST_CASE("a poll that fills a batch goes on like a drain and completes before it returns") {
+  Fixture f;
+  f.options.batch_size = 2;
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "x")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  DrainControl poll;
+  poll.probe = true;
+  CHECK(loop.drain(poll).delivered == 3);
+  CHECK(f.store.probes == 1);  // only the first claim is a poll
+  CHECK(f.store.claims == 2);
+  CHECK(f.a.seen == std::vector<EventId>{1, 2, 3});
+  // Batch 1 was written beside the claim of batch 2; batch 2 (short) waits for the next poll.
+  REQUIRE(f.store.completed.size() == 2);
+  CHECK(loop.has_pending());
+  loop.flush_pending();
+  CHECK(f.store.of(3).kind == Kind::kDelivered);
+}
+
+TEST_CASE("a poll that loses its session keeps the outcomes it carried for the next call") {
+  Fixture f;
+  f.store.batches.push_back({event(1, "x")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  DrainControl poll;
+  poll.probe = true;
+  loop.drain(poll);
+  f.store.fail_probes = 1;
+  CHECK_THROWS_AS(loop.drain(poll), StoreUnavailable);
+  CHECK(loop.has_pending());
+  loop.drain({});  // a full drain (after a reconnect) writes them first
+  CHECK(f.store.of(1).kind == Kind::kDelivered);
+  CHECK(f.a.seen == std::vector<EventId>{1});
+}
+
+TEST_CASE("a retry from a poll is timed from when a later call wrote it") {
+  Fixture f;
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.a.script[1] = Outcome::retry("503");
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  DrainControl poll;
+  poll.probe = true;
+  const auto r = loop.drain(poll);
+  CHECK(r.retried == 1);
+  CHECK(r.delivered == 1);
+  CHECK_FALSE(loop.next_retry_due().has_value());  // counted once the store wrote it
+  loop.flush_pending();
+  CHECK(f.store.of(1).kind == Kind::kRetry);
+  REQUIRE(loop.next_retry_due().has_value());
 }
