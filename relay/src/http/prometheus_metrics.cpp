@@ -81,8 +81,9 @@ struct PrometheusMetrics::Impl {
                                         .Register(registry);
   Family<Counter>& wakeups = prometheus::BuildCounter()
                                  .Name("outbox_relay_wakeups_total")
-                                 .Help("Why the loop woke up to claim: notify (LISTEN bell), sweep (timer), retry "
-                                       "(a retry fell due), startup (catch-up after (re)connecting LISTEN)")
+                                 .Help("Why the loop claimed: poll (a poll of the table found new events), notify (a "
+                                       "NOTIFY on the channel: an operator command or an opt-in writer trigger), sweep "
+                                       "(timer), retry (a retry fell due), startup (catch-up after (re)connecting LISTEN)")
                                  .Register(registry);
   Counter& reconnects = prometheus::BuildCounter()
                             .Name("outbox_relay_db_reconnects_total")
