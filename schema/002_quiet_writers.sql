@@ -13,13 +13,34 @@
 --        FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}_notify();
 DROP TRIGGER IF EXISTS {{prefix}}_notify ON {{table}};
 
--- 2. The fence (see 001) is unchanged in meaning; its trigger now runs only for the first
---    inserting statement of a transaction: the WHEN clause is checked by the executor without
---    calling the PL/pgSQL function for the second and later statements.
+-- 2. The fence (see 001) is unchanged in meaning, and cheaper on every writer's commit:
+--    - its trigger runs only for the first inserting statement of a transaction (the WHEN clause is
+--      checked by the executor, without calling PL/pgSQL, for the later ones);
+--    - the function runs one statement instead of three (each costs an executor start-up);
+--    - no SET search_path (a GUC save and restore on every call): instead every function and
+--      operator in it is schema-qualified, so a caller's search_path cannot substitute its own
+--      objects in this SECURITY DEFINER function.
+DO $create_fence$
+BEGIN
+  EXECUTE format($body$
+    CREATE OR REPLACE FUNCTION {{prefix}}_fence() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER AS $fn$
+    BEGIN
+      PERFORM pg_catalog.pg_advisory_xact_lock_shared(
+                ({{fence_tag}}::pg_catalog.int8 OPERATOR(pg_catalog.<<) 40) OPERATOR(pg_catalog.|)
+                (COALESCE(pg_catalog.pg_sequence_last_value(%L::pg_catalog.regclass), 0)
+                 OPERATOR(pg_catalog.&) 1099511627775::pg_catalog.int8)),
+              pg_catalog.set_config('outbox_relay.fence_{{name}}', 'on', true);
+      RETURN NULL;
+    END
+    $fn$ $body$, pg_get_serial_sequence('{{table}}', 'id'));
+END
+$create_fence$;
+
 DROP TRIGGER IF EXISTS {{prefix}}_fence ON {{table}};
 CREATE TRIGGER {{prefix}}_fence BEFORE INSERT ON {{table}}
   FOR EACH STATEMENT
-  WHEN (current_setting('outbox_relay.fence_{{name}}', true) IS DISTINCT FROM 'on')
+  WHEN (pg_catalog.current_setting('outbox_relay.fence_{{name}}', true) IS DISTINCT FROM 'on')
   EXECUTE FUNCTION {{prefix}}_fence();
 
 -- 3. The relay's claim, in one round trip. Two reasons for a function:
