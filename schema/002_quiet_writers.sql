@@ -1,8 +1,9 @@
 -- outbox-relay schema, version 2: writers' commits carry no NOTIFY, and the relay finds new
 -- events with one cheap statement that also claims them (README, "How wakeups work").
 -- Placeholders as in 001. Runs in one transaction; writers keep running: the only table lock
--- (DROP TRIGGER) is held for the few milliseconds of this transaction, and `migrate` gives up
--- waiting for it after 500 ms and tries again rather than queueing writers behind it.
+-- (DROP/CREATE TRIGGER) is held for the few milliseconds of this transaction. Waiting for it
+-- (behind a writer's open transaction) queues new writers, so `migrate` waits at most 100 ms,
+-- lets them through, and tries again (relay/src/postgres/migrations.hpp).
 
 -- 1. No bell on the write path. A transaction that issued NOTIFY takes a database-wide lock in its
 --    pre-commit phase and holds it through the WAL flush, so every notifying commit is serialised
@@ -137,11 +138,15 @@ BEGIN
         -- and those are all committed.
         v_bound := v_last;
       ELSE
-        -- A writer is open, rolled back, or rows were deleted: the writers' fences decide. The
-        -- sequence's last value and the fences, read together (001's fence read).
-        SELECT coalesce(pg_sequence_last_value(%1$L::regclass), 0),
-               coalesce(min((l.classid::int8 << 32 | l.objid::int8) & 1099511627775), 9223372036854775807)
-          INTO v_last, v_fence
+        -- A writer is open, rolled back, or rows were deleted: the writers' fences decide, read in
+        -- this later statement. The order matters: every id up to v_last was drawn before v_last
+        -- was read, by a writer that had taken its fence before drawing it; so that writer is in
+        -- the locks read now if it is still open, and otherwise committed (visible to the claim
+        -- below, whose snapshot comes later) or rolled back. (Reading the last id after the locks
+        -- would miss a writer that took its fence and drew an id in between, and the poll, which
+        -- never looks below the bound again, would leave that id to the sweep.)
+        SELECT COALESCE(min((l.classid::int8 << 32 | l.objid::int8) & 1099511627775), 9223372036854775807)
+          INTO v_fence
           FROM pg_locks AS l
          WHERE l.locktype = 'advisory' AND l.objsubid = 1
            AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())

@@ -1,6 +1,9 @@
 #include "postgres/migrations.hpp"
 
+#include <chrono>
+#include <random>
 #include <stdexcept>
+#include <thread>
 
 #include "postgres/pg_store.hpp"
 #include "postgres/session.hpp"
@@ -33,9 +36,9 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
       auto conn = open_session(url, "migrate");
       pqxx::work tx(*conn);
       tx.exec_params("SELECT pg_advisory_xact_lock($1)", advisory_key("outbox-relay:migrate"));
-      // A DDL step waiting for a table lock would queue every writer behind it: give up soon and
-      // try the whole transaction again instead (55P03 below).
-      tx.exec0("SET LOCAL lock_timeout = '500ms'");
+      // A DDL step waiting for a table lock (behind an open writer) queues every new writer
+      // behind it: give up soon, let them through, and try the whole transaction again (55P03).
+      tx.exec0("SET LOCAL lock_timeout = '" + std::to_string(kMigrateLockTimeout.count()) + "ms'");
       tx.exec0(
           "CREATE TABLE IF NOT EXISTS outbox_schema_migrations ("
           "  table_name text NOT NULL, version integer NOT NULL, name text NOT NULL,"
@@ -56,9 +59,16 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
       tx.commit();
       return result;
     } catch (const pqxx::sql_error& e) {
-      if (e.sqlstate() != "55P03" || attempt >= kMigrateLockTries) {
-        throw std::runtime_error("migrate failed: " + describe_error(e));
+      if (e.sqlstate() != "55P03") throw std::runtime_error("migrate failed: " + describe_error(e));
+      if (attempt >= kMigrateLockTries) {
+        throw std::runtime_error("migrate failed: the table stayed locked by other transactions through " +
+                                 std::to_string(kMigrateLockTries) +
+                                 " tries; look for long-running transactions on it (pg_stat_activity) and "
+                                 "run migrate again: " + describe_error(e));
       }
+      // Writers go on meanwhile; a little jitter so that two migrate runs do not keep colliding.
+      static thread_local std::mt19937 rng{std::random_device{}()};
+      std::this_thread::sleep_for(kMigrateRetryPause + std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 99)(rng)));
     } catch (const std::exception& e) {
       throw std::runtime_error("migrate failed: " + describe_error(e));
     }

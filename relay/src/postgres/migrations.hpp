@@ -1,4 +1,5 @@
 #pragma once
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -24,10 +25,12 @@ struct MigrateResult {
 // Applies pending migrations up to to_version (0: all) in one transaction, serialized against
 // concurrent runs by an advisory lock, and records them in outbox_schema_migrations. Running it
 // twice is a no-op. Writers keep running: a step that needs a table lock waits at most
-// kMigrateLockTimeout for it (never queueing writers behind a long wait) and the whole
-// transaction is tried again, up to kMigrateLockTries times. Throws std::runtime_error (password
-// masked).
-inline constexpr int kMigrateLockTries = 30;
+// kMigrateLockTimeout for it (new writers queue behind that wait, so it stays short), then the
+// whole transaction is tried again after kMigrateRetryPause, up to kMigrateLockTries times.
+// Throws std::runtime_error (password masked).
+inline constexpr std::chrono::milliseconds kMigrateLockTimeout{100};
+inline constexpr std::chrono::milliseconds kMigrateRetryPause{200};
+inline constexpr int kMigrateLockTries = 100;
 MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel,
                       int to_version = 0);
 

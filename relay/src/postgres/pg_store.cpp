@@ -185,12 +185,17 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   // below its ids), so all of them are already visible to the claim or will never be: no later
   // commit can put an earlier id of a key behind one published now. Ids drawn after this reading
   // are above the bound and wait for the next claim. $1 is the table's id sequence.
+  // The last id is read before the locks (the subquery, kept apart by OFFSET 0, yields its row
+  // before the projection runs the lock scan): a writer that takes its fence and draws an id
+  // between the two readings then has an id above the bound (schema/002 explains why the other
+  // order is wrong).
   impl_->fence_sql =
-      "SELECT coalesce(pg_sequence_last_value($1::regclass), 0), "
-      "       coalesce(min((l.classid::int8 << 32 | l.objid::int8) & 1099511627775), 9223372036854775807) "
-      "FROM pg_locks AS l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
-      "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-      "AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " + std::to_string(fence_tag(t));
+      "SELECT v.last, (SELECT coalesce(min((l.classid::int8 << 32 | l.objid::int8) & 1099511627775), "
+      "                                9223372036854775807) "
+      "                FROM pg_locks AS l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
+      "                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+      "                AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " + std::to_string(fence_tag(t)) + ") "
+      "FROM (SELECT coalesce(pg_sequence_last_value($1::regclass), 0) AS last OFFSET 0) AS v";
   // Complete: one autocommit statement (one round trip, one durable commit) for a whole batch:
   // $1 the delivered ids, marked or deleted; $2 the other outcomes as a JSON array. Unreferenced
   // data-modifying CTEs still run.
@@ -291,6 +296,10 @@ bool PgStore::rebalance() {
         for (const auto& row : got) gained.push_back(row[0].as<int>());
       }
       if (!gained.empty()) {
+        // The gained lanes may hold pending rows below what this instance resolved so far (the
+        // previous owner's released batch, events committed during the handover): the next claim,
+        // even a poll, looks from the start again (claim_with_function: resolved < 0).
+        im.resolved = -1;
         // Whoever held these lanes before has lost its lock (it died or handed them over between
         // batches): its leases are stale, and keeping them would let later events of a key
         // overtake the leased ones. Clear them so the rows are claimable now, in order.
