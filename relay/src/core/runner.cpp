@@ -51,6 +51,7 @@ void Runner::run() {
   int failures = 0;
   bool drain_needed = true;  // catch up at start
   bool poll_due = false;
+  auto polled_at = now;  // when the last drain or poll started
   health_.loop_running = true;
 
   while (!bell_.stopped()) {
@@ -69,7 +70,10 @@ void Runner::run() {
         if (store_.rebalance()) drain_needed = true;
         next_rebalance_ = now + options_.rebalance_interval;
       }
+      // Polls are paced from the start of the previous one, so that an event waits at most about
+      // one poll_interval for the poll that claims it, whatever that poll's own work took.
       if (drain_needed || poll_due) {
+        polled_at = Steady::now();
         const bool probe = !drain_needed;
         if (drain(probe) > 0) {
           last_found = Steady::now();
@@ -81,7 +85,7 @@ void Runner::run() {
       now = Steady::now();
       const bool flowing =
           now - last_found < options_.idle_after || store_.waiting_for_writers() || loop_.has_pending();
-      const auto next_poll = now + (flowing ? options_.poll_interval : options_.idle_poll_interval);
+      const auto next_poll = polled_at + (flowing ? options_.poll_interval : options_.idle_poll_interval);
       auto deadline = std::min({next_sweep, next_rebalance_, next_poll});
       if (auto due = loop_.next_retry_due()) deadline = std::min(deadline, *due);
       const auto source = bell_.wait_until(deadline);

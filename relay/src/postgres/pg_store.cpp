@@ -1,6 +1,8 @@
 #include "postgres/pg_store.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <ctime>
 #include <atomic>
 #include <nlohmann/json.hpp>
 #include <limits>
@@ -25,6 +27,23 @@ long long fence_tag(const std::string& table) {
   return advisory_key("outbox-relay:fence:" + table) & 0x3fffff;
 }
 
+// "2026-11-30T06:32:22.123456Z", as to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"').
+std::string rfc3339_utc(long long epoch_us) {
+  long long secs = epoch_us / 1'000'000;
+  long long us = epoch_us % 1'000'000;
+  if (us < 0) {
+    us += 1'000'000;
+    --secs;
+  }
+  const std::time_t t = static_cast<std::time_t>(secs);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, us);
+  return buf;
+}
+
 struct PgStore::Impl {
   PgStoreOptions opt;
   std::unique_ptr<pqxx::connection> conn;       // claims, lanes, membership: the loop thread
@@ -45,6 +64,10 @@ struct PgStore::Impl {
   // two statements of schema 1; looked for again at every rebalance.
   bool claim_fn = false;
   long long resolved = -1;  // every id up to it is committed or gone (the last bound); -1: unknown
+  // The claim function's reading of the writers (schema/002): the last id drawn then, and the
+  // transactions that held the table's ROW EXCLUSIVE lock then (a text[] literal); -1: none.
+  long long reading_last = -1;
+  std::string reading_holders = "{}";
   bool quiet = false;       // the last poll found nothing new: the next one asks "anything new?" first
 
   std::vector<Event> claim_with_function(std::size_t limit, bool probe, std::span<const Completion> completions);
@@ -63,6 +86,7 @@ struct PgStore::Impl {
     conn.reset();
     set_owned({});
     resolved = -1;
+    reading_last = -1;
   }
 };
 
@@ -77,8 +101,12 @@ Event event_from_row(const pqxx::row& row) {
   e.key.assign(row[2].c_str(), row[2].size());
   e.payload.assign(row[3].c_str(), row[3].size());
   e.headers_json.assign(row[4].c_str(), row[4].size());
-  e.created_at.assign(row[5].c_str(), row[5].size());
   e.created_at_us = row[6].as<long long>();
+  if (row[5].is_null()) {
+    e.created_at = rfc3339_utc(e.created_at_us);  // schema 2: formatted here, not per row in Postgres
+  } else {
+    e.created_at.assign(row[5].c_str(), row[5].size());
+  }
   e.attempts = row[7].as<int>();
   if (row[8].size() > 2) {  // not "{}"
     auto parser = row[8].as_array();
@@ -125,6 +153,9 @@ EncodedCompletions encode_completions(std::span<const Completion> completions) {
 
 std::string claim_function_name(const std::string& table) { return function_prefix(table) + "_claim"; }
 
+constexpr const char* kClaimFunctionArgs =
+    "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, text[])";
+
 }  // namespace
 
 bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
@@ -133,11 +164,12 @@ bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
   {
     pqxx::nontransaction q(c);
     found = q.exec_params1("SELECT to_regprocedure($1) IS NOT NULL",
-                           name + "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean)")[0]
+                           name + kClaimFunctionArgs)[0]
                 .as<bool>();
   }
   if (found) {
-    c.prepare("claim_fn", "SELECT * FROM " + name + "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9)");
+    c.prepare("claim_fn", "SELECT * FROM " + name +
+                              "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, $11::text[])");
     c.prepare("anything_new", "SELECT (SELECT id FROM " + opt.table + " WHERE id > $1 ORDER BY id LIMIT 1)");
     if (!at_connect) log::info("schema upgraded: claiming through " + name + "()", {{"table", opt.table}});
   } else if (at_connect) {
@@ -195,6 +227,7 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "                FROM pg_locks AS l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
       "                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
       "                AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " + std::to_string(fence_tag(t)) + ") "
+      "     , to_regprocedure($2) IS NOT NULL "
       "FROM (SELECT coalesce(pg_sequence_last_value($1::regclass), 0) AS last OFFSET 0) AS v";
   // Complete: one autocommit statement (one round trip, one durable commit) for a whole batch:
   // $1 the delivered ids, marked or deleted; $2 the other outcomes as a JSON array. Unreferenced
@@ -236,6 +269,11 @@ void PgStore::connect() {
     conn->prepare("claim", impl_->claim_sql);
     {
       pqxx::nontransaction q(*conn);
+      // Every statement of this session reads a narrow id range or a partial index; a new or
+      // truncated table has no statistics yet, and a prepared statement planned then (a sequential
+      // scan) would be kept until an analyze. Index scans only (schema 2's claim function says so
+      // itself).
+      q.exec0("SET enable_seqscan = off");
       const auto seq = q.exec_params1("SELECT pg_get_serial_sequence($1, 'id')", impl_->opt.table);
       if (seq[0].is_null()) {
         throw StoreUnavailable("table " + impl_->opt.table + " has no id sequence: run `outbox-relay migrate`");
@@ -363,7 +401,7 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
   const EncodedCompletions encoded = encode_completions(completions);
   const auto rows = tx.exec_prepared("claim_fn", opt.instance_id, static_cast<long long>(opt.lease.count()),
                                      owned_literal, static_cast<int>(limit), resolved, probe, encoded.delivered,
-                                     encoded.others, opt.delete_on_success);
+                                     encoded.others, opt.delete_on_success, reading_last, reading_holders);
   std::vector<Event> events;
   events.reserve(rows.size());
   for (const auto& row : rows) {
@@ -374,6 +412,8 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
     const long long bound = row[9].as<long long>();
     const long long last_id = row[10].as<long long>();
     resolved = std::max(resolved, bound);
+    reading_last = row[11].is_null() ? -1 : row[11].as<long long>();
+    if (reading_last >= 0) reading_holders.assign(row[12].c_str(), row[12].size());
     quiet = probe && events.empty();
     // Held back by an open writer: the runner keeps polling at the short interval.
     fenced = bound < last_id && events.size() < limit;
@@ -384,18 +424,27 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
 std::vector<Event> PgStore::Impl::claim_with_statements(std::size_t limit) {
   // Two autocommit statements, two round trips: the fence bound, then the claim, which takes
   // its snapshot after the bound was read (see fence_sql) and commits without a WAL flush.
-  pqxx::nontransaction tx(*conn);
-  const auto bound = tx.exec_prepared1("fence", sequence);
-  const long long last_id = bound[0].as<long long>();
-  const long long fence = bound[1].as<long long>();
-  const auto rows = tx.exec_prepared("claim", opt.instance_id, static_cast<long long>(opt.lease.count()),
-                                     owned_literal, static_cast<long long>(limit), std::min(last_id, fence));
-  // Held back by an open writer: poll again soon, as a writer that rolls back rings no bell.
-  fenced = fence < last_id && rows.size() < limit;
   std::vector<Event> events;
-  events.reserve(rows.size());
-  for (const auto& row : rows) events.push_back(event_from_row(row));
-  return events;
+  {
+    pqxx::nontransaction tx(*conn);
+    const auto bound = tx.exec_prepared1("fence", sequence, claim_function_name(opt.table) + kClaimFunctionArgs);
+    if (!bound[2].as<bool>()) {
+      const long long last_id = bound[0].as<long long>();
+      const long long fence = bound[1].as<long long>();
+      const auto rows = tx.exec_prepared("claim", opt.instance_id, static_cast<long long>(opt.lease.count()),
+                                         owned_literal, static_cast<long long>(limit), std::min(last_id, fence));
+      // Held back by an open writer: poll again soon, as a writer that rolls back rings no bell.
+      fenced = fence < last_id && rows.size() < limit;
+      events.reserve(rows.size());
+      for (const auto& row : rows) events.push_back(event_from_row(row));
+      return events;
+    }
+  }
+  // Schema 2 arrived: its writers take no fences, so this bound is void. (The function was looked
+  // up after the locks were read and the last id before them: writers without a fence began after
+  // the migration committed, and a migration that committed before the last id was read is seen.)
+  claim_fn = find_claim_function(*conn, false);
+  return claim_with_function(limit, false, {});
 }
 
 void PgStore::complete(std::span<const Completion> completions) {

@@ -52,6 +52,10 @@ class PgStore final : public Store {
 // Deterministic 31-bit key for advisory locks, from a text (FNV-1a).
 int advisory_key(const std::string& text);
 
+// Microseconds since the epoch as RFC 3339 in UTC with microseconds ("2026-11-30T06:32:22.123456Z"),
+// the form of Event::created_at.
+std::string rfc3339_utc(long long epoch_us);
+
 // The 22-bit tag in the high bits of the writers' fence locks of a table (see schema/001).
 long long fence_tag(const std::string& table);
 

@@ -26,3 +26,10 @@ TEST_CASE("placeholders are filled for the default and custom tables") {
   CHECK(rendered.find("FUNCTION outbox_publish(") != std::string::npos);
   CHECK(rendered.find("pg_notify('outbox_wakeup', '')") != std::string::npos);
 }
+
+TEST_CASE("every embedded migration renders without a placeholder left") {
+  for (const auto& m : embedded_migrations()) {
+    CAPTURE(m.name);
+    CHECK(render_migration(m.sql, "billing.invoice_events", "bell").find("{{") == std::string::npos);
+  }
+}
