@@ -81,6 +81,9 @@ BEGIN
       v_waiting  boolean;
       v_async    boolean;
       v_holders  text[];
+      v_from     bigint;
+      v_moved    bigint;
+      v_looked   boolean := false;
     BEGIN
       IF cardinality(p_done) > 0 THEN
         IF p_delete THEN
@@ -123,31 +126,57 @@ BEGIN
         RETURN NEXT;
         RETURN;
       END IF;
-      v_bound := {{prefix}}_contiguous(v_resolved, v_last);
-      IF v_bound < v_last THEN
+      -- The bound: from v_from (everything up to it is committed or gone), the highest id up to
+      -- v_last before the first one that is not visible. The primary key is walked from v_from and
+      -- the walk stops at the first id whose successor is missing: it costs about the ids
+      -- committed since the previous call. At most twice: again when a reading lets v_from move.
+      v_from := v_resolved;
+      LOOP
+        IF v_from < 0 THEN
+          v_bound := -1;
+        ELSIF v_from >= v_last THEN
+          v_bound := v_from;
+        ELSE
+          SELECT CASE
+                   WHEN NOT EXISTS (SELECT 1 FROM {{table}} AS f WHERE f.id = v_from + 1) THEN v_from
+                   ELSE coalesce((SELECT g.id FROM {{table}} AS g
+                                   WHERE g.id > v_from AND g.id < v_last
+                                     AND NOT EXISTS (SELECT 1 FROM {{table}} AS h WHERE h.id = g.id + 1)
+                                   ORDER BY g.id LIMIT 1), v_last)
+                 END
+            INTO v_bound;
+        END IF;
+        IF v_bound >= v_last THEN
+          reading_last := -1;  -- everything up to v_last is committed: the kept reading says no more
+          EXIT;
+        END IF;
+        EXIT WHEN v_looked;
+        -- Most gaps are a writer between its INSERT and its commit, gone by the next poll: read
+        -- the locks only when the bound made no progress since the previous call (or is unknown),
+        -- or to check a reading kept from before.
+        EXIT WHEN p_resolved >= 0 AND v_bound > p_resolved AND reading_last < 0;
+        v_looked := true;
         -- An id is missing: look at the writers, in a later statement than the one that read
         -- v_last (the order the argument above needs).
         SELECT coalesce(array_agg(l.virtualtransaction), '{}') INTO v_holders
           FROM pg_locks AS l
          WHERE l.locktype = 'relation' AND l.relation = %2$L::regclass AND l.mode = 'RowExclusiveLock'
            AND l.granted AND l.pid IS DISTINCT FROM pg_backend_pid();
+        v_moved := v_resolved;
         IF reading_last >= 0 AND NOT (reading_holders && v_holders) THEN
-          v_resolved := greatest(v_resolved, reading_last);  -- the kept reading has cleared
+          v_moved := greatest(v_moved, reading_last);  -- the kept reading has cleared
           reading_last := -1;
         END IF;
         IF cardinality(v_holders) = 0 THEN
-          v_resolved := greatest(v_resolved, v_last);  -- no writer is open at all
+          v_moved := greatest(v_moved, v_last);  -- no writer is open at all
           reading_last := -1;
         ELSIF reading_last < 0 THEN
           reading_last := v_last;  -- a new reading, checked by the next call
           reading_holders := v_holders;
         END IF;
-        IF v_resolved >= 0 THEN
-          v_bound := {{prefix}}_contiguous(v_resolved, v_last);
-        END IF;
-      ELSE
-        reading_last := -1;  -- everything up to v_last is committed: the kept reading says nothing more
-      END IF;
+        EXIT WHEN v_moved <= v_bound;
+        v_from := v_moved;
+      END LOOP;
       IF NOT (p_probe AND v_bound <= p_resolved) AND v_bound >= 0 THEN
         -- A poll looks only above p_resolved: what is pending below it waits for a retry, was
         -- released or belongs to lanes just gained, and the relay claims those with p_probe off.
@@ -184,22 +213,6 @@ BEGIN
     $fn$ $body$, pg_get_serial_sequence('{{table}}', 'id'), '{{table}}');
 END
 $create_claim$;
-
--- The highest id h <= p_last such that every id in (p_from, h] is visible (committed); p_from when
--- p_from + 1 is missing; -1 when p_from < 0 (unknown). Walks the primary key from p_from and stops
--- at the first id whose successor is missing: it costs about the ids committed since p_from.
-CREATE OR REPLACE FUNCTION {{prefix}}_contiguous(p_from bigint, p_last bigint) RETURNS bigint
-LANGUAGE sql STABLE AS $fn$
-  SELECT CASE
-    WHEN p_from < 0 THEN -1::bigint
-    WHEN p_from >= p_last THEN p_from
-    WHEN NOT EXISTS (SELECT 1 FROM {{table}} AS f WHERE f.id = p_from + 1) THEN p_from
-    ELSE coalesce((SELECT g.id FROM {{table}} AS g
-                    WHERE g.id > p_from AND g.id < p_last
-                      AND NOT EXISTS (SELECT 1 FROM {{table}} AS h WHERE h.id = g.id + 1)
-                    ORDER BY g.id LIMIT 1), p_last)
-  END
-$fn$;
 
 REVOKE ALL ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, text[]) FROM PUBLIC;

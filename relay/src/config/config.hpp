@@ -27,8 +27,8 @@ struct RelaySection {
   std::size_t batch_size = 500;
   std::chrono::milliseconds lease{60'000};
   std::chrono::milliseconds sweep_interval{30'000};
-  // How often the relay polls the table for new events while they flow, and once they stopped
-  // for a second (README "How wakeups work").
+  // How often the relay polls the table for new events while they flow, and (growing to it) once
+  // none came for 2 s (README "How wakeups work").
   std::chrono::milliseconds poll_interval{5};
   std::chrono::milliseconds idle_poll_interval{100};
   int max_attempts = 20;

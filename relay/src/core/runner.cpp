@@ -52,6 +52,7 @@ void Runner::run() {
   bool drain_needed = true;  // catch up at start
   bool poll_due = false;
   auto polled_at = now;  // when the last drain or poll started
+  auto poll_every = options_.poll_interval;
   health_.loop_running = true;
 
   while (!bell_.stopped()) {
@@ -85,7 +86,11 @@ void Runner::run() {
       now = Steady::now();
       const bool flowing =
           now - last_found < options_.idle_after || store_.waiting_for_writers() || loop_.has_pending();
-      const auto next_poll = polled_at + (flowing ? options_.poll_interval : options_.idle_poll_interval);
+      // Once events stop, the interval grows by half each poll up to idle_poll_interval (~0.4 s to
+      // get there from 5 ms): a stream that pauses for a moment still finds a fast poll.
+      poll_every = flowing ? options_.poll_interval
+                           : std::min(options_.idle_poll_interval, poll_every + poll_every / 2);
+      const auto next_poll = polled_at + poll_every;
       auto deadline = std::min({next_sweep, next_rebalance_, next_poll});
       if (auto due = loop_.next_retry_due()) deadline = std::min(deadline, *due);
       const auto source = bell_.wait_until(deadline);

@@ -20,9 +20,10 @@ struct RunnerOptions {
   // rollback rings nothing): events wait up to this long, and a steady stream is claimed in
   // batches of what arrived meanwhile.
   std::chrono::milliseconds poll_interval{5};
-  // Polls once nothing new was found for idle_after: what an idle relay costs.
+  // Once nothing new was found for idle_after, the interval grows to idle_poll_interval: what an
+  // idle relay costs.
   std::chrono::milliseconds idle_poll_interval{100};
-  std::chrono::milliseconds idle_after{1000};
+  std::chrono::milliseconds idle_after{2000};
   BackoffPolicy reconnect{std::chrono::milliseconds{500}, std::chrono::milliseconds{30000}};
 };
 
