@@ -184,27 +184,37 @@ BEGIN
         IF p_probe AND p_resolved > 0 THEN
           v_low := p_resolved;
         END IF;
+        -- A poll writes no lease: it claims only above p_resolved, which every earlier claim of
+        -- the relay's lanes (its own, as no other instance claims in them) is below, and the
+        -- relay writes the poll's outcomes before it claims without p_probe or hands lanes over
+        -- (relay/src/core/store.hpp, probe_claim). FOR UPDATE SKIP LOCKED still keeps out any
+        -- session that might claim the same rows at the same moment (an operator's tool). That
+        -- leaves one row version per event to the relay, the mark, instead of two.
         -- created_at as text is left NULL: the relay formats it from the microseconds.
         RETURN QUERY
-        UPDATE {{table}} AS e SET lease_owner = p_owner, lease_until = now() + p_lease_ms * interval '1 millisecond'
-          FROM (SELECT c.id FROM {{table}} AS c
-                 WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL
-                   AND c.next_attempt_at <= now()
-                   AND (c.lease_until IS NULL OR c.lease_until < now())
-                   AND c.lane = ANY(p_lanes)
-                   AND c.id > v_low AND c.id <= v_bound
-                   -- The OR keeps the retry-index look a per-row subplan, run only while some
-                   -- event waits for a retry.
-                   AND (NOT v_waiting OR
-                        NOT EXISTS (SELECT 1 FROM {{table}} AS b
-                                     WHERE b.aggregate_id = c.aggregate_id AND b.id < c.id
-                                       AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL
-                                       AND b.attempts > 0 AND b.next_attempt_at > now()))
-                 ORDER BY c.id LIMIT p_limit FOR UPDATE SKIP LOCKED) AS s
-         WHERE e.id = s.id
-        RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, NULL::text,
-                  (extract(epoch FROM e.created_at) * 1000000)::int8, e.attempts, e.sinks_done,
-                  NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[];
+        WITH s AS (
+          SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done
+            FROM {{table}} AS c
+           WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL
+             AND c.next_attempt_at <= now()
+             AND (c.lease_until IS NULL OR c.lease_until < now())
+             AND c.lane = ANY(p_lanes)
+             AND c.id > v_low AND c.id <= v_bound
+             -- The OR keeps the retry-index look a per-row subplan, run only while some event
+             -- waits for a retry.
+             AND (NOT v_waiting OR
+                  NOT EXISTS (SELECT 1 FROM {{table}} AS b
+                               WHERE b.aggregate_id = c.aggregate_id AND b.id < c.id
+                                 AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL
+                                 AND b.attempts > 0 AND b.next_attempt_at > now()))
+           ORDER BY c.id LIMIT p_limit FOR UPDATE OF c SKIP LOCKED),
+        leased AS (
+          UPDATE {{table}} AS e SET lease_owner = p_owner, lease_until = now() + p_lease_ms * interval '1 millisecond'
+            FROM s WHERE e.id = s.id AND NOT p_probe)
+        SELECT s.id, s.topic, s.aggregate_id, s.payload::text, s.headers::text, NULL::text,
+               (extract(epoch FROM s.created_at) * 1000000)::int8, s.attempts, s.sinks_done,
+               NULL::bigint, NULL::bigint, NULL::bigint, NULL::text[]
+          FROM s;
       END IF;
       bound := v_bound;
       last_id := v_last;

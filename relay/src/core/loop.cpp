@@ -141,6 +141,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
   BatchResult total;
   if (!control.probe) flush_pending();
   std::vector<Event> next = claim(control.probe);
+  bool leased = !control.probe;  // a poll's events may carry no lease (Store::probe_claim)
   HeldKeys held;           // keys `next` holds back: claimed before these outcomes were written
   HeldKeys held_previous;  // failures of the batch whose outcomes are written beside the next claim
   while (!next.empty()) {
@@ -161,7 +162,8 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     bool overlapped = false;
     std::exception_ptr failure;
     try {
-      if (full && !control.stop() && !control.pause_due()) {
+      // Not beside a poll's batch: a claim now could hand its events out again.
+      if (full && leased && !control.stop() && !control.pause_due()) {
         overlapped = true;
         next = claim();
       }
@@ -216,7 +218,10 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
       held_previous.clear();
       if (control.stop()) break;
       if (control.pause_due()) control.pause();
-      if (more) next = claim();
+      if (more) {
+        next = claim();
+        leased = true;
+      }
     }
   }
   return total;

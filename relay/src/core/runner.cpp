@@ -68,6 +68,9 @@ void Runner::run() {
       health_.store_up = true;
       now = Steady::now();
       if (now >= next_rebalance_) {
+        // A poll's outcomes first: its events carry no lease, and lanes handed over now would
+        // hand them out again (Store::probe_claim).
+        loop_.flush_pending();
         if (store_.rebalance()) drain_needed = true;
         next_rebalance_ = now + options_.rebalance_interval;
       }

@@ -48,7 +48,10 @@ class Store {
   // then claims like claim(), except that the store may return nothing at once when it knows no
   // event was committed since its last claim or poll (so events that only became due or
   // claimable again wait for a claim(): a retry timer, a sweep, a rebalance). Cheap when nothing
-  // is new. Throws StoreUnavailable; the completions may then have been applied or not, and the
+  // is new. The events it returns may carry no lease (a poll claims only above what earlier
+  // claims covered, and the lanes are this instance's alone): until their outcomes are written,
+  // the caller must not claim() or rebalance(), which could hand them out again.
+  // Throws StoreUnavailable; the completions may then have been applied or not, and the
   // caller applies them again, as after a failed complete().
   virtual std::vector<Event> probe_claim(std::size_t limit, std::span<const Completion> completions) {
     complete(completions);

@@ -35,6 +35,7 @@ class FakeStore final : public Store {
   }
   std::vector<Event> claim(std::size_t limit) override {
     ++claims;
+    written_at_claim.push_back(completed.size());
     last_limit = limit;
     if (batches.empty()) return {};
     auto batch = std::move(batches.front());
@@ -59,6 +60,7 @@ class FakeStore final : public Store {
   std::deque<std::vector<Event>> batches;
   std::vector<Completion> completed;
   std::vector<std::vector<Completion>> carried;  // what each poll wrote
+  std::vector<std::size_t> written_at_claim;     // completions written when each claim began
   int fail_completes = 0;
   int fail_probes = 0;
   int probes = 0;
@@ -462,21 +464,25 @@ TEST_CASE("a poll leaves a short batch's outcomes to the next poll, which writes
   CHECK(f.store.probes == 3);
 }
 
-TEST_CASE("a poll that fills a batch goes on like a drain and completes before it returns") {
+TEST_CASE("a poll that fills a batch goes on like a drain, claiming again only after its outcomes are written") {
   Fixture f;
   f.options.batch_size = 2;
   f.store.batches.push_back({event(1, "x"), event(2, "y")});
-  f.store.batches.push_back({event(3, "x")});
+  f.store.batches.push_back({event(3, "x"), event(4, "y")});
+  f.store.batches.push_back({event(5, "x")});
   Router router({}, 1);
   auto loop = f.make(router, {&f.a});
   DrainControl poll;
   poll.probe = true;
-  CHECK(loop.drain(poll).delivered == 3);
+  CHECK(loop.drain(poll).delivered == 5);
   CHECK(f.store.probes == 1);  // only the first claim is a poll
-  CHECK(f.store.claims == 2);
-  CHECK(f.a.seen == std::vector<EventId>{1, 2, 3});
-  // Batch 1 was written beside the claim of batch 2; batch 2 (short) waits for the next poll.
-  REQUIRE(f.store.completed.size() == 2);
+  CHECK(f.store.claims == 3);
+  CHECK(f.a.seen == std::vector<EventId>{1, 2, 3, 4, 5});
+  // A poll's events carry no lease (Store::probe_claim): batch 2 is claimed only once batch 1's
+  // outcomes are written, not beside its publishing. Batch 3 is claimed beside batch 2 (leased),
+  // before batch 2's outcomes; batch 3 (short) waits for the next poll.
+  CHECK(f.store.written_at_claim == std::vector<std::size_t>{0, 2, 2});
+  REQUIRE(f.store.completed.size() == 4);
   CHECK(loop.has_pending());
   loop.flush_pending();
   CHECK(f.store.of(3).kind == Kind::kDelivered);
