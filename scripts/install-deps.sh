@@ -13,6 +13,9 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libcpp-httplib-dev libssl-dev)
 if [ "$runtime_only" = 0 ]; then
   pkgs+=(postgresql-15 python3 python3-venv openssl)
+  # scripts/build.sh compiles through ccache (cache outside the repo) when it is there: the test
+  # command builds three trees (plain, ASan+UBSan, TSan) on every fresh clone.
+  pkgs+=(ccache)
   # tests/kafka/broker.sh: an Apache Kafka broker resolved from Maven Central by mvn, run on Java 17.
   pkgs+=(maven openjdk-17-jre-headless)
   # tests/ops/check-packaging.sh: `docker-compose config` validates docker-compose.yml (no daemon).

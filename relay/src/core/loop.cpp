@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <exception>
-#include <future>
+#include <functional>
 #include <utility>
 #include <nlohmann/json.hpp>
+
+#include "log/log.hpp"
 
 namespace outbox {
 namespace {
@@ -15,6 +17,16 @@ constexpr const char* kNoSink = "relay";  // metric label when the relay itself 
 
 double seconds_between(Clock::SteadyTime from, Clock::SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
+}
+
+std::string describe(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
 }
 
 }  // namespace
@@ -76,8 +88,15 @@ void RelayLoop::note_retries(const std::vector<Completion>& completed) {
   }
 }
 
-// One claimed batch on its way through the sinks.
+// One claimed batch on its way through the sinks. Not copyable: per_sink points into events (a
+// move keeps the vector's elements where they are).
 struct RelayLoop::Batch {
+  Batch() = default;
+  Batch(Batch&&) = default;
+  Batch& operator=(Batch&&) = default;
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
   // What the sinks said about one event, merged.
   struct Verdict {
     std::vector<std::string> done;
@@ -126,15 +145,15 @@ BatchResult RelayLoop::run_once() {
   if (events.empty()) return result;
   Batch batch = prepare(std::move(events), {});
   publish(batch);
-  HeldKeys held;
-  pending_ = settle(batch, result, held);
+  KeyHolds failed;
+  pending_ = settle(batch, result, failed);
   flush_pending();
   return result;
 }
 
-void RelayLoop::hold(HeldKeys& held, const std::string& key, EventId id) {
-  auto [it, inserted] = held.emplace(key, id);
-  if (!inserted) it->second = std::min(it->second, id);
+void RelayLoop::hand_back(std::vector<Event>& events) {
+  for (const Event& e : events) pending_.push_back(Completion{e.id, Completion::Kind::kRelease, {}, {}, e.sinks_done});
+  events.clear();
 }
 
 BatchResult RelayLoop::drain(const DrainControl& control) {
@@ -142,53 +161,43 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
   if (!control.probe) flush_pending();
   std::vector<Event> next = claim(control.probe);
   bool leased = !control.probe;  // a poll's events may carry no lease (Store::probe_claim)
-  HeldKeys held;           // keys `next` holds back: claimed before these outcomes were written
-  HeldKeys held_previous;  // failures of the batch whose outcomes are written beside the next claim
   while (!next.empty()) {
     const bool full = next.size() >= options_.batch_size;
-    Batch batch = prepare(std::move(next), held);
+    Batch batch = prepare(std::move(next), pipeline_.held());
     next.clear();
-    // Three things at once: the sinks work on this batch (helper thread), the previous batch's
-    // outcomes are written (another helper, the store's second session), and the next batch is
-    // claimed (this thread).
+    // Three things at once: the sinks work on this batch, the previous batch's outcomes are
+    // written (the store's second session), and the next batch is claimed ahead (this thread).
     // A short batch (a steady stream, polled every few milliseconds) has nothing to overlap with:
-    // it is published on this thread, without the cost of starting a helper.
-    auto publishing = std::async(full ? std::launch::async : std::launch::deferred, [this, &batch] { publish(batch); });
+    // it is published on this thread.
     std::vector<Completion> previous = std::exchange(pending_, {});
-    std::future<void> completing;
-    if (!previous.empty()) {
-      completing = std::async(std::launch::async, [this, &previous] { store_.complete(previous); });
-    }
-    bool overlapped = false;
+    std::function<void()> complete_previous;
+    if (!previous.empty()) complete_previous = [this, &previous] { store_.complete(previous); };
+    pipeline_.start([this, &batch] { publish(batch); }, full, std::move(complete_previous));
+    bool ahead = false;
     std::exception_ptr failure;
     try {
       // Not beside a poll's batch: a claim now could hand its events out again.
       if (full && leased && !control.stop() && !control.pause_due()) {
-        overlapped = true;
+        ahead = true;
         next = claim();
       }
     } catch (...) {
       failure = std::current_exception();
     }
-    bool previous_written = true;
-    if (completing.valid()) {
-      try {
-        completing.get();
-        note_retries(previous);
-      } catch (...) {
-        previous_written = false;
-        if (!failure) failure = std::current_exception();
-      }
+
+    const auto collected = pipeline_.collect();
+    if (collected.publish_failure) retry_unsettled(batch, describe(collected.publish_failure));
+    const bool previous_written = !collected.complete_failure;
+    if (previous_written) {
+      note_retries(previous);
+    } else if (!failure) {
+      failure = collected.complete_failure;
     }
-    publishing.get();
     BatchResult result;
-    HeldKeys failed;
+    KeyHolds failed;
     auto outcomes = settle(batch, result, failed);
     total += result;
-    const auto hand_back = [this](std::vector<Event>& events) {  // release, unpublished
-      for (const Event& e : events) pending_.push_back(Completion{e.id, Completion::Kind::kRelease, {}, {}, e.sinks_done});
-      events.clear();
-    };
+
     if (failure) {
       // Keep every outcome for the next call; hand back what was claimed meanwhile.
       if (!previous_written) pending_ = std::move(previous);
@@ -199,23 +208,16 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     }
     pending_ = std::move(outcomes);
     if (control.stop()) hand_back(next);  // a stop came while this batch was in the sinks
-    if (overlapped) {
-      // `next` was claimed before this batch's outcomes were written, and perhaps before the
-      // previous batch's were.
-      held = failed;
-      for (const auto& [key, id] : held_previous) hold(held, key, id);
-      held_previous = std::move(failed);
-    }
+    if (ahead) pipeline_.claimed_ahead(std::move(failed));
     if (next.empty()) {
       // Nothing claimed while the sinks worked: the batch was short (caught up), or a stop or a
-      // pause came, or the overlapping claim found nothing. Complete it, then look again only if
-      // there may be more: a full batch not yet followed by a claim, or released events, which
-      // are claimable again at once. A poll that ends here leaves its outcomes to the next poll,
+      // pause came, or the claim ahead found nothing. Complete it, then look again only if there
+      // may be more: a full batch not yet followed by a claim, or released events, which are
+      // claimable again at once. A poll that ends here leaves its outcomes to the next poll,
       // which writes them in its own round trip (has_pending() tells the runner).
-      const bool more = (full && !overlapped) || result.released > 0;
+      const bool more = (full && !ahead) || result.released > 0;
       if (!control.probe || more || control.stop() || control.pause_due()) flush_pending();
-      held.clear();  // what is claimed from here on sees every outcome so far
-      held_previous.clear();
+      pipeline_.caught_up();
       if (control.stop()) break;
       if (control.pause_due()) control.pause();
       if (more) {
@@ -227,7 +229,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
   return total;
 }
 
-RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const HeldKeys& held) const {
+RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const KeyHolds& held) const {
   Batch batch;
   batch.events = std::move(events);
   batch.verdicts.resize(batch.events.size());
@@ -237,7 +239,7 @@ RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const HeldKeys& h
     Event& event = batch.events[i];
     Batch::Verdict& verdict = batch.verdicts[i];
     verdict.done = event.sinks_done;
-    if (auto it = held.find(event.key); it != held.end() && it->second < event.id) {
+    if (held.holds(event)) {
       verdict.deferred = true;  // an earlier event of its key was not delivered: release it
       continue;
     }
@@ -266,7 +268,17 @@ void RelayLoop::publish(Batch& batch) {
     if (events.empty()) continue;
     Sink& sink = *sinks_[s];
     const auto started = clock_.now();
-    auto outcomes = sink.publish(events);
+    std::vector<Outcome> outcomes;
+    try {
+      outcomes = sink.publish(events);
+    } catch (...) {
+      // A sink bug or a library's surprise, not a downstream failure: it costs these events a
+      // retry, not the process. What the sink may have sent meanwhile is sent again.
+      const std::string why = "publish threw: " + describe(std::current_exception());
+      log::error("sink threw; its events of this batch will be retried",
+                 {{"sink", sink.name()}, {"events", events.size()}, {"error", why}});
+      outcomes.assign(events.size(), Outcome::retry(why));
+    }
     metrics_.published(sink.name(), events.size(), seconds_between(started, clock_.now()));
     if (outcomes.size() != events.size()) {
       // A sink bug, not a downstream failure: retry the whole batch rather than guess.
@@ -274,6 +286,7 @@ void RelayLoop::publish(Batch& batch) {
                       Outcome::retry("sink returned " + std::to_string(outcomes.size()) +
                                      " outcomes for " + std::to_string(events.size()) + " events"));
     }
+    hold_back_after_failures(events, outcomes);  // per-key order whatever the sink did
     const auto ack_us = clock_.wall_us();
     for (std::size_t k = 0; k < outcomes.size(); ++k) {
       Batch::Verdict& verdict = batch.verdicts[batch.per_sink_index[s][k]];
@@ -309,7 +322,15 @@ void RelayLoop::publish(Batch& batch) {
   }
 }
 
-std::vector<Completion> RelayLoop::settle(Batch& batch, BatchResult& result, HeldKeys& held_out) {
+void RelayLoop::retry_unsettled(Batch& batch, const std::string& why) {
+  for (Batch::Verdict& verdict : batch.verdicts) {
+    if (!verdict.permanent.empty() || verdict.deferred || verdict.retry) continue;
+    verdict.retry = true;
+    verdict.retry_reason = std::string(kNoSink) + ": " + why;
+  }
+}
+
+std::vector<Completion> RelayLoop::settle(Batch& batch, BatchResult& result, KeyHolds& held_out) {
   std::vector<Completion> completions;
   completions.reserve(batch.events.size());
   result.claimed += batch.events.size();
@@ -343,7 +364,7 @@ std::vector<Completion> RelayLoop::settle(Batch& batch, BatchResult& result, Hel
       metrics_.dead_lettered(label);
       ++result.dead_lettered;
     }
-    if (c.kind == Completion::Kind::kRetry || c.kind == Completion::Kind::kRelease) hold(held_out, event.key, event.id);
+    if (c.kind == Completion::Kind::kRetry || c.kind == Completion::Kind::kRelease) held_out.hold(event.key, event.id);
     completions.push_back(std::move(c));
   }
   return completions;

@@ -8,11 +8,12 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/backoff.hpp"
 #include "core/clock.hpp"
+#include "core/drain_pipeline.hpp"
+#include "core/key_holds.hpp"
 #include "core/metrics.hpp"
 #include "core/router.hpp"
 #include "core/sink.hpp"
@@ -64,9 +65,10 @@ class RelayLoop {
 
   // Drains until a claim comes back short (and the sinks released nothing), or control.stop().
   // Batch k is published on a helper thread while another completes batch k-1 and this thread
-  // claims batch k+1; on return nothing is in flight and every outcome is completed. Throws
-  // StoreUnavailable like run_once(), after the batch in flight got its outcomes, which the next
-  // call applies.
+  // claims batch k+1 (DrainPipeline); on return nothing is in flight and every outcome is
+  // completed. Throws StoreUnavailable like run_once(), after the batch in flight got its
+  // outcomes, which the next call applies. A sink that throws costs its events one retry (the
+  // exception's text in last_error), not the drain.
   //
   // Per-key order: the claim of k+1 runs before the outcomes of k (and perhaps k-1) are written,
   // so it may return a later event of a key whose event in k or k-1 failed (the claim's
@@ -86,16 +88,18 @@ class RelayLoop {
 
  private:
   struct Batch;
-  // Key -> the smallest id of that key that a batch did not deliver or dead-letter (retried or
-  // released): later events of the key in a batch claimed before that outcome was written wait.
-  using HeldKeys = std::unordered_map<std::string, EventId>;
 
-  static void hold(HeldKeys& held, const std::string& key, EventId id);  // keeps the smallest id
   std::vector<Event> claim(bool probe = false);
   void note_retries(const std::vector<Completion>& completed);
-  Batch prepare(std::vector<Event> events, const HeldKeys& held) const;
-  void publish(Batch& batch);  // the sinks' part; may run on a helper thread
-  std::vector<Completion> settle(Batch& batch, BatchResult& result, HeldKeys& held_out);
+  // `held`: keys whose earlier events were not delivered in batches whose outcomes the claim of
+  // `events` did not see; their later events are released unpublished.
+  Batch prepare(std::vector<Event> events, const KeyHolds& held) const;
+  void publish(Batch& batch);  // the sinks' part; may run on a helper thread; does not throw
+  // Every event of the batch not yet settled gets a retry (the publish work failed as a whole).
+  static void retry_unsettled(Batch& batch, const std::string& why);
+  // `held_out`: the keys of events neither delivered nor dead-lettered (retried or released).
+  std::vector<Completion> settle(Batch& batch, BatchResult& result, KeyHolds& held_out);
+  void hand_back(std::vector<Event>& events);  // releases claimed events, unpublished
 
   Store& store_;
   std::vector<Sink*> sinks_;
@@ -106,6 +110,7 @@ class RelayLoop {
   std::function<double()> jitter01_;
   std::vector<Completion> pending_;
   std::multiset<Clock::SteadyTime> retry_due_;  // bounded; see kMaxTrackedRetries
+  DrainPipeline pipeline_;  // last: its helpers stop before anything above goes away
 };
 
 }  // namespace outbox

@@ -3,6 +3,8 @@
 
 #include <deque>
 #include <map>
+#include <mutex>
+#include <stdexcept>
 
 #include "core/loop.hpp"
 
@@ -23,17 +25,22 @@ class FakeClock final : public Clock {
 class FakeStore final : public Store {
  public:
   // A poll: records the completions it carries, then claims (what PgStore does in one call).
+  // The drain claims on its thread while a helper completes: the mutex keeps that race-free.
   std::vector<Event> probe_claim(std::size_t limit, std::span<const Completion> c) override {
-    ++probes;
-    if (fail_probes > 0) {
-      --fail_probes;
-      throw StoreUnavailable("connection lost");
+    {
+      std::lock_guard lock(mutex);
+      ++probes;
+      if (fail_probes > 0) {
+        --fail_probes;
+        throw StoreUnavailable("connection lost");
+      }
+      carried.push_back(std::vector<Completion>(c.begin(), c.end()));
+      completed.insert(completed.end(), c.begin(), c.end());
     }
-    carried.push_back(std::vector<Completion>(c.begin(), c.end()));
-    completed.insert(completed.end(), c.begin(), c.end());
     return claim(limit);
   }
   std::vector<Event> claim(std::size_t limit) override {
+    std::lock_guard lock(mutex);
     ++claims;
     written_at_claim.push_back(completed.size());
     last_limit = limit;
@@ -43,6 +50,7 @@ class FakeStore final : public Store {
     return batch;
   }
   void complete(std::span<const Completion> c) override {
+    std::lock_guard lock(mutex);
     if (fail_completes > 0) {
       --fail_completes;
       throw StoreUnavailable("connection lost");
@@ -61,6 +69,7 @@ class FakeStore final : public Store {
   std::vector<Completion> completed;
   std::vector<std::vector<Completion>> carried;  // what each poll wrote
   std::vector<std::size_t> written_at_claim;     // completions written when each claim began
+  std::mutex mutex;
   int fail_completes = 0;
   int fail_probes = 0;
   int probes = 0;
@@ -74,6 +83,10 @@ class FakeSink final : public Sink {
   explicit FakeSink(std::string name) : name_(std::move(name)) {}
   const std::string& name() const override { return name_; }
   std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    for (const Event* e : events) {
+      if (throws_at == e->id) throw std::runtime_error("boom at " + std::to_string(e->id));
+      if (throws_other_at == e->id) throw 42;
+    }
     std::vector<Outcome> out;
     for (const Event* e : events) {
       seen.push_back(e->id);
@@ -86,6 +99,8 @@ class FakeSink final : public Sink {
   std::map<EventId, Outcome> script;
   std::vector<EventId> seen;
   bool short_answer = false;
+  EventId throws_at = 0;        // publish() throws std::runtime_error on a batch holding this id
+  EventId throws_other_at = 0;  // ... throws an int
 
  private:
   std::string name_;
@@ -519,4 +534,74 @@ TEST_CASE("a retry from a poll is timed from when a later call wrote it") {
   loop.flush_pending();
   CHECK(f.store.of(1).kind == Kind::kRetry);
   REQUIRE(loop.next_retry_due().has_value());
+}
+
+TEST_CASE("a sink that throws on the first batch, while the second is claimed ahead, costs that batch a retry") {
+  Fixture f;
+  f.options.batch_size = 2;
+  f.a.throws_at = 1;
+  f.store.batches.push_back({event(1, "k"), event(2, "j")});  // full: the next is claimed ahead
+  f.store.batches.push_back({event(3, "k"), event(4, "m")});
+  f.store.batches.push_back({event(5, "x")});
+  Router router({Route{{"order.*"}, {0, 1}}}, 2);
+  auto loop = f.make(router, {&f.a, &f.b});
+  BatchResult r;
+  CHECK_NOTHROW(r = loop.drain({}));
+  CHECK(f.store.of(1).kind == Kind::kRetry);
+  CHECK(f.store.of(1).error == "a: publish threw: boom at 1");
+  CHECK(f.store.of(1).sinks_done == std::vector<std::string>{"b"});  // b delivered it: not re-sent there
+  CHECK(f.store.of(2).kind == Kind::kRetry);
+  CHECK(f.store.of(3).kind == Kind::kRelease);  // claimed before 1's retry was written: waits for it
+  CHECK(f.store.of(4).kind == Kind::kDelivered);
+  CHECK(f.store.of(5).kind == Kind::kDelivered);
+  CHECK(f.a.seen == std::vector<EventId>{4, 5});
+  CHECK(f.b.seen == std::vector<EventId>{1, 2, 4, 5});
+  CHECK(r.retried == 2);
+  CHECK(r.delivered == 2);
+  CHECK(f.store.completed.size() == 5);
+  CHECK(f.metrics.retried_by["a"] == 2);
+}
+
+TEST_CASE("a sink that throws on a middle batch costs only that batch a retry; the drain goes on") {
+  Fixture f;
+  f.options.batch_size = 2;
+  f.a.throws_other_at = 4;  // not even a std::exception
+  f.store.batches.push_back({event(1, "k"), event(2, "j")});
+  f.store.batches.push_back({event(3, "k"), event(4, "m")});
+  f.store.batches.push_back({event(5, "m"), event(6, "k")});  // claimed ahead of batch 2's outcomes
+  f.store.batches.push_back({event(7, "x")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  CHECK_NOTHROW(loop.drain({}));
+  CHECK(f.store.of(3).error == "a: publish threw: an exception that is not a std::exception");
+  CHECK(f.store.of(4).kind == Kind::kRetry);
+  CHECK(f.store.of(5).kind == Kind::kRelease);  // m waits for 4
+  CHECK(f.store.of(6).kind == Kind::kRelease);  // k waits for 3
+  CHECK(f.a.seen == std::vector<EventId>{1, 2, 7});
+  CHECK(f.store.completed.size() == 7);
+}
+
+TEST_CASE("a sink that throws on a short batch, published on the drain's own thread, costs it a retry") {
+  Fixture f;
+  f.a.throws_at = 2;
+  f.store.batches.push_back({event(1, "k"), event(2, "j")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  CHECK_NOTHROW(loop.drain({}));
+  CHECK(f.store.of(1).kind == Kind::kRetry);
+  CHECK(f.store.of(2).error == "a: publish threw: boom at 2");
+  CHECK_NOTHROW(loop.run_once());  // and the same through run_once
+}
+
+TEST_CASE("a sink's delivered answer behind a retry of its key is turned into a retry by the loop") {
+  Fixture f;
+  f.a.script[1] = Outcome::retry("500");  // the fake sink wrongly goes on delivering key k
+  f.store.batches.push_back({event(1, "k"), event(2, "k"), event(3, "j")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  loop.run_once();
+  CHECK(f.store.of(1).kind == Kind::kRetry);
+  CHECK(f.store.of(2).kind == Kind::kRetry);
+  CHECK(f.store.of(2).error.find("earlier event of the same key") != std::string::npos);
+  CHECK(f.store.of(3).kind == Kind::kDelivered);
 }

@@ -1,8 +1,5 @@
 #include "sinks/kafka/kafka_outcomes.hpp"
 
-#include <string_view>
-#include <unordered_set>
-
 #include "sinks/kafka/rdkafka.hpp"
 
 namespace outbox::sinks {
@@ -191,28 +188,6 @@ KafkaErrorClass classify_kafka_error(int code, bool topic_auto_create) {
       return KafkaErrorClass::kRetry;
   }
   return KafkaErrorClass::kRetry;  // a code this librdkafka does not know
-}
-
-void hold_back_after_failures(std::span<const Event* const> events, std::vector<Outcome>& outcomes) {
-  std::unordered_set<std::string_view> held;
-  for (std::size_t i = 0; i < events.size() && i < outcomes.size(); ++i) {
-    const std::string_view key = events[i]->key;
-    Outcome& outcome = outcomes[i];
-    switch (outcome.kind) {
-      case OutcomeKind::kRetry:
-      case OutcomeKind::kDeferred:
-        held.insert(key);
-        break;
-      case OutcomeKind::kDelivered:
-        if (held.count(key)) {
-          outcome = Outcome::retry("acknowledged by Kafka, but an earlier event of the same key in this batch "
-                                   "must be retried first; re-sent after it");
-        }
-        break;
-      case OutcomeKind::kPermanent:
-        break;
-    }
-  }
 }
 
 }  // namespace outbox::sinks

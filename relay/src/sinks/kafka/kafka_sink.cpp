@@ -9,10 +9,10 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "config/duration.hpp"
 #include "config/section.hpp"
+#include "core/key_holds.hpp"
 #include "log/log.hpp"
 #include "sinks/kafka/kafka_outcomes.hpp"
 #include "sinks/kafka/rdkafka.hpp"
@@ -376,16 +376,17 @@ struct KafkaSink::Impl {
     //  2. An event that cannot even be enqueued with a retriable error (the queue stayed full)
     //     holds its key: the later events of that key in this batch are not produced (kDeferred).
     //  3. Defence in depth, for whatever breaks rule 1 (e.g. a partition count change while a
-    //     batch is in flight): hold_back_after_failures() turns a kDelivered that follows a
-    //     kRetry/kDeferred of the same key into kRetry. Its row is then re-sent after the earlier
+    //     batch is in flight): hold_back_after_failures() (core/key_holds.hpp, which the loop
+    //     applies to every sink's answer, and this sink to its own for its log) turns a
+    //     kDelivered that follows a kRetry/kDeferred of the same key into kRetry. Its row is then re-sent after the earlier
     //     one succeeds: a duplicate in Kafka, never an outbox row marked done ahead of an earlier
     //     event of its key.
     // Not producing later events of a key until the earlier one is acknowledged would serialise
     // every key to one round trip per event; rules 1-3 give the same outbox-side guarantee.
-    std::unordered_set<std::string_view> held;
+    KeyHolds held;
     for (std::size_t i = 0; i < n && !fatal; ++i) {
       const Event& event = *events[i];
-      if (held.count(event.key)) {
+      if (held.holds(event.key)) {
         results[i] = Outcome::deferred();
         continue;
       }
@@ -404,7 +405,7 @@ struct KafkaSink::Impl {
         results[i] = err == RD_KAFKA_RESP_ERR__QUEUE_FULL
                          ? Outcome::retry(error_text(err) + ": the producer queue stayed full for delivery_timeout")
                          : outcome_for(err, topic);
-        if (results[i]->kind == OutcomeKind::kRetry) held.insert(event.key);
+        if (results[i]->kind == OutcomeKind::kRetry) held.hold(event.key, event.id);
       }
     }
 

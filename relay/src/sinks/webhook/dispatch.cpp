@@ -5,7 +5,7 @@
 
 namespace outbox::sinks::webhook {
 
-KeyedDispatch::KeyedDispatch(std::span<const Event* const> events) : lane_of_(events.size()) {
+KeyedDispatch::KeyedDispatch(std::span<const Event* const> events) : events_(events), lane_of_(events.size()) {
   std::unordered_map<std::string_view, std::size_t> by_key;
   by_key.reserve(events.size());
   for (std::size_t i = 0; i < events.size(); ++i) {
@@ -23,7 +23,7 @@ std::optional<std::size_t> KeyedDispatch::next() {
   if (ready_.empty()) return std::nullopt;
   Lane& lane = lanes_[ready_.front()];
   ready_.pop_front();
-  assert(!lane.busy && !lane.held && lane.sent < lane.events.size());
+  assert(!lane.busy && lane.sent < lane.events.size());
   lane.busy = true;
   ++in_flight_;
   return lane.events[lane.sent++];
@@ -36,7 +36,7 @@ void KeyedDispatch::finish(std::size_t index, bool hold_key) {
   lane.busy = false;
   --in_flight_;
   if (hold_key) {
-    lane.held = true;
+    held_.hold(events_[index]->key, events_[index]->id);
   } else if (lane.sent < lane.events.size()) {
     ready_.push_back(id);
   }
@@ -45,7 +45,9 @@ void KeyedDispatch::finish(std::size_t index, bool hold_key) {
 std::vector<KeyedDispatch::Unsent> KeyedDispatch::unsent() const {
   std::vector<Unsent> out;
   for (const Lane& lane : lanes_) {
-    for (std::size_t k = lane.sent; k < lane.events.size(); ++k) out.push_back({lane.events[k], lane.held});
+    for (std::size_t k = lane.sent; k < lane.events.size(); ++k) {
+      out.push_back({lane.events[k], held_.holds(*events_[lane.events[k]])});
+    }
   }
   std::sort(out.begin(), out.end(), [](const Unsent& a, const Unsent& b) { return a.index < b.index; });
   return out;

@@ -5,7 +5,8 @@
 //   - Different keys run concurrently; keys start in order of their first event, and a key whose
 //     event succeeded goes to the back of the queue, so one busy key cannot starve the others.
 //   - After an event of a key ends with `hold_key` (a retry), the later events of that key are
-//     held back: unsent() reports them as blocked and the sink answers kDeferred for them.
+//     held back (core/key_holds.hpp): unsent() reports them as blocked and the sink answers
+//     kDeferred for them.
 //     A permanent failure does not hold the key: that event is dead-lettered, and the claim's
 //     head-of-line rule lets the later events of its key pass a dead-lettered one too.
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "core/event.hpp"
+#include "core/key_holds.hpp"
 
 namespace outbox::sinks::webhook {
 
@@ -46,9 +48,10 @@ class KeyedDispatch {
     std::vector<std::size_t> events;  // indices in order
     std::size_t sent = 0;             // events[0, sent) were handed out
     bool busy = false;
-    bool held = false;
   };
 
+  std::span<const Event* const> events_;
+  KeyHolds held_;
   std::vector<Lane> lanes_;
   std::vector<std::size_t> lane_of_;  // event index -> lane
   std::deque<std::size_t> ready_;     // lanes that may start their next event

@@ -1,9 +1,10 @@
-// Error classification and per-key order of the Kafka sink: pure functions, table-tested.
+// Error classification of the Kafka sink: a pure function, table-tested.
 #include <doctest/doctest.h>
 
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "sinks/kafka/kafka_outcomes.hpp"
 #include "sinks/kafka/rdkafka.hpp"
@@ -86,78 +87,4 @@ TEST_CASE("kafka: codes librdkafka does not know retry") {
   CHECK(classify_kafka_error(12345, false) == KafkaErrorClass::kRetry);
   CHECK(classify_kafka_error(-12345, false) == KafkaErrorClass::kRetry);
   CHECK(classify_kafka_error(RD_KAFKA_RESP_ERR_END_ALL, false) == KafkaErrorClass::kRetry);
-}
-
-namespace {
-
-struct Batch {
-  std::vector<Event> events;
-  std::vector<const Event*> pointers;
-  explicit Batch(const std::vector<std::string>& keys) {
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      Event e;
-      e.id = static_cast<EventId>(i + 1);
-      e.key = keys[i];
-      events.push_back(e);
-    }
-    for (const auto& e : events) pointers.push_back(&e);
-  }
-};
-
-std::string kinds(const std::vector<Outcome>& outcomes) {
-  std::string out;
-  for (const auto& o : outcomes) {
-    switch (o.kind) {
-      case OutcomeKind::kDelivered: out += 'D'; break;
-      case OutcomeKind::kRetry: out += 'R'; break;
-      case OutcomeKind::kPermanent: out += 'P'; break;
-      case OutcomeKind::kDeferred: out += 'F'; break;
-    }
-  }
-  return out;
-}
-
-std::vector<Outcome> outcomes_of(const std::string& kinds_text) {
-  std::vector<Outcome> out;
-  for (char c : kinds_text) {
-    switch (c) {
-      case 'D': out.push_back(Outcome::delivered()); break;
-      case 'R': out.push_back(Outcome::retry("r")); break;
-      case 'P': out.push_back(Outcome::permanent("p")); break;
-      case 'F': out.push_back(Outcome::deferred()); break;
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
-TEST_CASE("kafka: a later delivered event of a key that must retry is not counted as delivered") {
-  struct Case {
-    std::vector<std::string> keys;
-    std::string in;
-    std::string out;
-  };
-  const std::vector<Case> cases{
-      {{"a", "a", "a"}, "DDD", "DDD"},
-      {{"a", "a", "a"}, "RDD", "RRR"},  // a retry holds back every later event of its key
-      {{"a", "b", "a", "b"}, "RDDD", "RDRD"},  // other keys flow
-      {{"a", "a", "a"}, "DRD", "DRR"},  // earlier deliveries stand
-      {{"a", "a"}, "FD", "FR"},  // deferred holds the key too
-      {{"a", "a", "a"}, "PDD", "PDD"},  // a dead letter releases its key
-      {{"a", "a", "a"}, "RPD", "RPR"},  // a permanent outcome stays permanent
-      {{"a", "b", "c"}, "RRR", "RRR"},
-      {{}, "", ""},
-  };
-  for (const auto& c : cases) {
-    Batch batch(c.keys);
-    auto outcomes = outcomes_of(c.in);
-    sinks::hold_back_after_failures(batch.pointers, outcomes);
-    CAPTURE(c.in);
-    CHECK(kinds(outcomes) == c.out);
-  }
-  Batch batch({"a", "a"});
-  auto outcomes = outcomes_of("RD");
-  sinks::hold_back_after_failures(batch.pointers, outcomes);
-  CHECK(outcomes[1].reason.find("earlier event of the same key") != std::string::npos);
 }
