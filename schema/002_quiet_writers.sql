@@ -197,7 +197,10 @@ BEGIN
             FROM {{table}} AS c
            WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL
              AND c.next_attempt_at <= now()
-             AND (c.lease_until IS NULL OR c.lease_until < now())
+             -- Never a row this relay leased itself: it is in flight here (in the sinks, or its
+             -- outcome not yet written), however long that takes. Another instance's lease is
+             -- honoured until it expires (and is cleared when this one gains its lanes).
+             AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM p_owner))
              AND c.lane = ANY(p_lanes)
              AND c.id > v_low AND c.id <= v_bound
              -- The OR keeps the retry-index look a per-row subplan, run only while some event

@@ -277,3 +277,21 @@ def test_bad_webhook_config_exits_2_naming_the_key(workdir, sink, expected):
     assert proc.returncode == 2, proc.stderr
     assert expected in proc.stderr
     assert "hunter2" not in proc.stderr + proc.stdout
+
+
+def test_a_lease_shorter_than_a_batch_in_the_sinks_sends_nothing_twice(db, relays, receivers):
+    """Issue 10, defect 3: with `lease: 1s` and a receiver that answers after 1.5 s, every batch
+    outlives its lease while it is in the sinks. The relay never claims a row it leased itself,
+    so the batch claimed ahead is not claimed again: each event is sent exactly once, in key order."""
+    rx = receivers(lambda req: Reply(200, delay=1.5))
+    keys = [f"key-{i % 6}" for i in range(24)]
+    ids = db.insert([("order.paid", key, {"i": i}) for i, key in enumerate(keys)])
+    key_of = dict(zip(ids, keys))
+    # Full batches of 6 (one event per key, sent concurrently): each spends ~1.5 s in the sink,
+    # and the next one is claimed ahead while it does.
+    relays(base_config(db, [webhook_sink(rx.url, timeout="5s", max_in_flight=8)], batch_size=6, lease="1s"))
+    wait_until(lambda: pending(db) == 0, timeout=60, interval=0.2, message="all 24 events delivered")
+    sent = sorted(r.event_id for r in rx.snapshot())
+    assert sent == sorted(ids), f"sent twice: {sorted({i for i in sent if sent.count(i) > 1})}"
+    assert_first_acks_in_key_order(rx, key_of)
+    assert all(done and not dead for _, done, dead, _, _ in rows(db).values())

@@ -194,7 +194,7 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "FROM (SELECT c.id FROM " + t + " AS c "
       "       WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
       "         AND c.next_attempt_at <= now() "
-      "         AND (c.lease_until IS NULL OR c.lease_until < now()) "
+      "         AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM $1)) "
       "         AND c.lane = ANY($3::smallint[]) "
       "         AND c.id <= $5 "
       "         AND NOT EXISTS (SELECT 1 FROM " + t + " AS b "
