@@ -14,6 +14,7 @@
 #include "log/log.hpp"
 #include "postgres/admin.hpp"
 #include "postgres/migrations.hpp"
+#include "sinks/registry.hpp"
 #include "version.hpp"
 
 namespace {
@@ -222,6 +223,7 @@ int main(int argc, char** argv) {
   outbox::config::Config config;
   try {
     config = load(o);
+    outbox::sinks::prepare_sinks(config);  // every command refuses a config whose sinks are wrong
     if (*run && config.sinks.empty()) throw outbox::config::ConfigError("sinks: expected at least one sink");
   } catch (const outbox::config::ConfigError& e) {
     std::fprintf(stderr, "outbox-relay: config error: %s\n", outbox::log::redact(e.what()).c_str());

@@ -17,7 +17,7 @@
 #include "log/log.hpp"
 #include "postgres/listener.hpp"
 #include "postgres/pg_store.hpp"
-#include "sinks/factory.hpp"
+#include "sinks/registry.hpp"
 #include "version.hpp"
 
 namespace outbox::app {
@@ -59,13 +59,16 @@ int run_relay(const config::Config& config) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  const auto prepared = sinks::prepare_sinks(config);  // ConfigError naming the key: exit 2
   const std::string instance_id = config.relay.instance_id.empty() ? default_instance_id() : config.relay.instance_id;
-  log::info("starting outbox-relay", {{"version", kVersion}, {"instance_id", instance_id}, {"config", config::describe(config)}});
+  auto described = config::describe(config);
+  described["sinks"] = sinks::describe(prepared);
+  log::info("starting outbox-relay", {{"version", kVersion}, {"instance_id", instance_id}, {"config", described}});
 
   std::vector<std::unique_ptr<Sink>> owned_sinks;
   std::vector<Sink*> sinks;
-  for (const auto& s : config.sinks) {
-    owned_sinks.push_back(sinks::make_sink(s));
+  for (const auto& s : prepared) {
+    owned_sinks.push_back(s.spec->make(s.name));
     sinks.push_back(owned_sinks.back().get());
   }
   std::vector<Route> routes;

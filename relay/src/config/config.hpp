@@ -4,14 +4,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "config/section.hpp"
 #include "core/backoff.hpp"
-#include "sinks/file/file_config.hpp"
-#include "sinks/kafka/kafka_config.hpp"
-#include "sinks/webhook/webhook_config.hpp"
 
 namespace outbox::config {
 
@@ -50,13 +46,14 @@ struct HttpConfig {
   std::chrono::milliseconds refresh_interval{10'000};
 };
 
-using SinkSettings = std::variant<sinks::StdoutSinkConfig, sinks::FileSinkConfig, sinks::WebhookSinkConfig,
-                                  sinks::KafkaSinkConfig>;
-
+// One entry of `sinks:`. config/ checks its name (unique, used by routes) and keeps the entry as
+// written; the sink registry (sinks/registry.hpp) knows the types and reads the rest.
 struct SinkConfig {
   std::string name;
-  std::string type;
-  SinkSettings settings;
+  std::string type;      // as written, not checked here
+  YAML::Node section;    // the whole entry
+  std::string path;      // its key path for errors: sinks[N]
+  EnvLookup env;         // for ${...} in its values
 };
 
 struct RouteConfig {
@@ -80,10 +77,8 @@ Config parse_config(const std::string& yaml_text, const EnvLookup& env,
 Config load_config(const std::string& path, const EnvLookup& env,
                    const std::string& database_url_override = {});
 
-// The sink types this build knows, for error messages.
-std::vector<std::string> sink_types();
-
-// The effective configuration as JSON for the startup log, secrets masked.
+// The effective configuration as JSON for the startup log, secrets masked. Sinks show their name
+// and type (the registry's describe() adds each type's settings).
 nlohmann::json describe(const Config& config);
 
 }  // namespace outbox::config

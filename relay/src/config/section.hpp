@@ -33,6 +33,7 @@ class Section {
   Section(YAML::Node node, std::string path, const EnvLookup& env);
 
   const std::string& path() const { return path_; }
+  const YAML::Node& node() const { return node_; }
   bool has(const std::string& key) const;
 
   std::string required_string(const std::string& key);

@@ -5,6 +5,8 @@
 
 #include "config/config.hpp"
 #include "support/env.hpp"
+#include "support/sinks.hpp"
+#include "sinks/file/file_config.hpp"
 
 using namespace outbox::config;
 using std::chrono::milliseconds;
@@ -16,7 +18,7 @@ using outbox::testing::env_of;
 // The message of the ConfigError that parsing throws, or "" if it parses.
 std::string error_of(const std::string& yaml, std::map<std::string, std::string> vars = {}) {
   try {
-    parse_config(yaml, env_of(std::move(vars)));
+    outbox::testing::parse_with_sinks(yaml, env_of(std::move(vars)));
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -60,7 +62,7 @@ TEST_CASE("the documented example parses into typed values") {
   REQUIRE(c.sinks.size() == 1);
   CHECK(c.sinks[0].name == "audit");
   CHECK(c.sinks[0].type == "file");
-  CHECK(std::get<outbox::sinks::FileSinkConfig>(c.sinks[0].settings).path == "/var/lib/outbox/events.jsonl");
+  CHECK(outbox::testing::sink_settings(c, 0, outbox::sinks::parse_file_sink).path == "/var/lib/outbox/events.jsonl");
   REQUIRE(c.routes.size() == 1);
   CHECK(c.routes[0].topics == std::vector<std::string>{"order.*"});
   CHECK(c.routes[0].sinks == std::vector<std::string>{"audit"});
@@ -94,7 +96,7 @@ TEST_CASE("${ENV} interpolation works in every value, with defaults and files") 
   CHECK(c.database.url == "postgresql://relay:s3cret@localhost/app");
   CHECK(c.relay.batch_size == 250);
   CHECK(c.relay.lease == milliseconds(90'000));
-  CHECK(std::get<outbox::sinks::FileSinkConfig>(c.sinks[0].settings).path == "/data/events.jsonl");
+  CHECK(outbox::testing::sink_settings(c, 0, outbox::sinks::parse_file_sink).path == "/data/events.jsonl");
 }
 
 TEST_CASE("each bad config names its key and what was expected") {

@@ -1,4 +1,5 @@
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace outbox::config {
@@ -18,5 +19,7 @@ struct StdoutSinkConfig {};
 
 FileSinkConfig parse_file_sink(config::Section& section);
 StdoutSinkConfig parse_stdout_sink(config::Section& section);
+nlohmann::json describe_file_sink(const FileSinkConfig& config);
+nlohmann::json describe_stdout_sink(const StdoutSinkConfig& config);
 
 }  // namespace outbox::sinks

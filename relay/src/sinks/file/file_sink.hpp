@@ -36,7 +36,7 @@ class FileSink final : public Sink {
 // Writes to standard output, flushed per batch. One thread at a time.
 class StdoutSink final : public Sink {
  public:
-  explicit StdoutSink(std::string name) : name_(std::move(name)) {}
+  explicit StdoutSink(std::string name, StdoutSinkConfig /*config*/ = {}) : name_(std::move(name)) {}
   const std::string& name() const override { return name_; }
   std::vector<Outcome> publish(std::span<const Event* const> events) override;
 

@@ -5,8 +5,9 @@
 
 #include "config/config.hpp"
 #include "log/log.hpp"
-#include "sinks/factory.hpp"
+#include "sinks/registry.hpp"
 #include "sinks/kafka/kafka_config.hpp"
+#include "support/sinks.hpp"
 #include "sinks/kafka/kafka_sink.hpp"
 #include "support/env.hpp"
 
@@ -18,8 +19,8 @@ namespace {
 using outbox::testing::env_of;
 
 config::Config parse_sink(const std::string& sink_yaml, const config::EnvLookup& env = env_of({})) {
-  return config::parse_config("database: {url: 'postgresql://u@h/db'}\nsinks:\n  - name: k\n    type: kafka\n" + sink_yaml,
-                              env);
+  return outbox::testing::parse_with_sinks(
+      "database: {url: 'postgresql://u@h/db'}\nsinks:\n  - name: k\n    type: kafka\n" + sink_yaml, env);
 }
 
 std::string error_of(const std::string& sink_yaml) {
@@ -35,7 +36,7 @@ std::string error_of(const std::string& sink_yaml) {
 
 TEST_CASE("kafka config: defaults and every key") {
   const auto c = parse_sink("    brokers: 'b1:9092, b2:9093'\n");
-  const auto& k = std::get<sinks::KafkaSinkConfig>(c.sinks.at(0).settings);
+  const auto k = outbox::testing::sink_settings(c, 0, sinks::parse_kafka_sink);
   CHECK(k.brokers == "b1:9092, b2:9093");
   CHECK(k.topic == "{topic}");
   CHECK(k.delivery_timeout == std::chrono::seconds{5});
@@ -48,7 +49,7 @@ TEST_CASE("kafka config: defaults and every key") {
       "    delivery_timeout: 5s\n"
       "    properties: {compression.type: zstd, linger.ms: 20, sasl.password: '${PW}'}\n",
       env_of({{"KAFKA", "127.0.0.1:9092"}, {"PW", "hunter2-secret"}}));
-  const auto& f = std::get<sinks::KafkaSinkConfig>(full.sinks.at(0).settings);
+  const auto f = outbox::testing::sink_settings(full, 0, sinks::parse_kafka_sink);
   CHECK(f.brokers == "127.0.0.1:9092");
   CHECK(f.topic == "outbox.{topic}.v1");
   CHECK(f.delivery_timeout == std::chrono::seconds{5});
@@ -61,10 +62,10 @@ TEST_CASE("kafka config: secrets are masked in describe() and in every log line"
   const auto c = parse_sink(
       "    brokers: 'b:9092'\n"
       "    properties: {sasl.username: relay, sasl.password: 's3cr3t-kafka-pw', ssl.key.password: 'key-pw-1234'}\n");
-  const auto described = config::describe(c).dump();
+  const auto described = outbox::testing::describe_with_sinks(c).dump();
   CHECK(described.find("s3cr3t-kafka-pw") == std::string::npos);
   CHECK(described.find("key-pw-1234") == std::string::npos);
-  const auto j = config::describe(c)["sinks"][0];
+  const auto j = outbox::testing::describe_with_sinks(c)["sinks"][0];
   CHECK(j["type"] == "kafka");
   CHECK(j["brokers"] == "b:9092");
   CHECK(j["properties"]["sasl.password"] == "*****");
@@ -121,17 +122,17 @@ TEST_CASE("kafka config: topic templates") {
   CHECK(sinks::valid_kafka_topic_name(std::string(249, 'a')));
 }
 
-TEST_CASE("kafka config: the factory builds the sink; a producer librdkafka rejects is a ConfigError naming the key") {
+TEST_CASE("kafka config: the registry builds the sink; a producer librdkafka rejects is a ConfigError naming the key") {
   log::set_level(log::Level::kError);  // the producer warns that nothing listens on port 1
   const auto good = parse_sink("    brokers: '127.0.0.1:1'\n");
-  auto sink = sinks::make_sink(good.sinks.at(0));
+  auto sink = sinks::prepare_sinks(good).at(0).spec->make("k");
   CHECK(sink->name() == "k");
   CHECK_FALSE(sink->usable());  // nothing listens on port 1
 
   // acks=1 passes the property check alone, but the idempotent producer refuses it.
   const auto bad = parse_sink("    brokers: '127.0.0.1:1'\n    properties: {acks: '1'}\n");
   try {
-    sinks::make_sink(bad.sinks.at(0));
+    sinks::prepare_sinks(bad).at(0).spec->make("k");
     FAIL("expected a ConfigError");
   } catch (const ConfigError& e) {
     CHECK(std::string(e.what()).find("sinks[0]: cannot create the Kafka producer:") == 0);

@@ -10,6 +10,7 @@
 #include "support/env.hpp"
 #include "log/log.hpp"
 #include "sinks/webhook/webhook_config.hpp"
+#include "support/sinks.hpp"
 
 using namespace outbox;
 using namespace outbox::config;
@@ -29,15 +30,15 @@ std::string config_with(const std::string& sink_body) {
 }
 
 WebhookSinkConfig parse(const std::string& sink_body, std::map<std::string, std::string> vars = {}) {
-  const Config c = parse_config(config_with(sink_body), env_of(std::move(vars)));
+  const Config c = outbox::testing::parse_with_sinks(config_with(sink_body), env_of(std::move(vars)));
   REQUIRE(c.sinks.size() == 1);
   CHECK(c.sinks[0].type == "webhook");
-  return std::get<WebhookSinkConfig>(c.sinks[0].settings);
+  return outbox::testing::sink_settings(c, 0, outbox::sinks::parse_webhook_sink);
 }
 
 std::string error_of(const std::string& sink_body, std::map<std::string, std::string> vars = {}) {
   try {
-    parse_config(config_with(sink_body), env_of(std::move(vars)));
+    outbox::testing::parse_with_sinks(config_with(sink_body), env_of(std::move(vars)));
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -117,7 +118,7 @@ TEST_CASE("secrets never reach the logs, nor the described config") {
   const Config whole = parse_config(config_with("    url: https://hooks.example.com/x\n    secrets: [" +
                                                 std::string(kSecretB) + "]\n"),
                                     env_of({}));
-  const std::string all = describe(whole).dump();
+  const std::string all = outbox::testing::describe_with_sinks(whole).dump();
   CHECK(all.find("https://hooks.example.com/x") != std::string::npos);
   CHECK(all.find(kSecretB) == std::string::npos);
   CHECK(all.find("\"secrets\":[\"*****\"]") != std::string::npos);

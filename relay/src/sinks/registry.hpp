@@ -1,0 +1,75 @@
+#pragma once
+// The sink types this build knows. Each sink folder describes its type in one row (its name, how
+// it parses its section of the config, how the start-up log shows it, how it is built) and
+// registry.cpp lists the rows: a new sink is a new folder plus one line there. config/ keeps each
+// sink's section as it was written and knows no sink type.
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "config/section.hpp"
+#include "core/sink.hpp"
+
+namespace outbox::sinks {
+
+// One sink entry, parsed and checked: what the start-up log shows and how to build the sink.
+class SinkSpec {
+ public:
+  virtual ~SinkSpec() = default;
+  virtual nlohmann::json describe() const = 0;  // secrets masked
+  virtual std::unique_ptr<Sink> make(const std::string& name) const = 0;
+};
+
+struct SinkType {
+  std::string name;
+  // Reads the type's keys from the entry (name and type are read already); throws
+  // config::ConfigError naming the key.
+  std::function<std::unique_ptr<SinkSpec>(config::Section&)> parse;
+};
+
+// The row of a sink whose settings are a plain struct: parse(section) -> Settings,
+// describe(settings) -> JSON for the log, and a constructor SinkImpl(name, settings).
+template <class SinkImpl, class Settings>
+SinkType sink_type(std::string name, Settings (*parse)(config::Section&),
+                   nlohmann::json (*describe)(const Settings&)) {
+  class Spec final : public SinkSpec {
+   public:
+    Spec(Settings settings, nlohmann::json description)
+        : settings_(std::move(settings)), description_(std::move(description)) {}
+    nlohmann::json describe() const override { return description_; }
+    std::unique_ptr<Sink> make(const std::string& sink_name) const override {
+      return std::make_unique<SinkImpl>(sink_name, settings_);
+    }
+
+   private:
+    Settings settings_;
+    nlohmann::json description_;
+  };
+  return {std::move(name), [parse, describe](config::Section& section) -> std::unique_ptr<SinkSpec> {
+            Settings settings = parse(section);
+            nlohmann::json description = describe(settings);
+            return std::make_unique<Spec>(std::move(settings), std::move(description));
+          }};
+}
+
+// Every type this build knows, in the order error messages list them.
+const std::vector<SinkType>& sink_types();
+std::vector<std::string> sink_type_names();
+
+struct PreparedSink {
+  std::string name;
+  std::string type;
+  std::unique_ptr<SinkSpec> spec;
+};
+
+// Parses every entry of config.sinks with its type's row. Throws config::ConfigError naming the
+// key (sinks[N].type for a type this build does not know, sinks[N].<key> for its settings).
+std::vector<PreparedSink> prepare_sinks(const config::Config& config);
+
+// The sinks as the start-up log shows them: name, type and each type's description.
+nlohmann::json describe(const std::vector<PreparedSink>& sinks);
+
+}  // namespace outbox::sinks
