@@ -1,5 +1,9 @@
 #include "sinks/registry.hpp"
 
+#include <libpq-fe.h>
+
+#include <memory>
+
 namespace outbox::sinks {
 
 // Each row is defined in its sink's folder (sinks/<type>/<type>_type.cpp).
@@ -36,12 +40,37 @@ std::vector<PreparedSink> prepare_sinks(const config::Config& config) {
       for (const auto& t : sink_type_names()) all += (all.empty() ? "" : ", ") + t;
       throw config::ConfigError(section.key_path("type") + ": required, expected one of: " + all);
     }
+    Envelope envelope;
+    if (section.choice_or("format", "json", {"json", "cloudevents"}) == "cloudevents") {
+      envelope.format = EnvelopeFormat::kCloudEvents;
+    }
+    envelope.source = section.string_or("cloudevents_source",
+                                        default_cloudevents_source(config.database.url, config.database.table));
+    if (envelope.source.empty()) {
+      throw config::ConfigError(section.key_path("cloudevents_source") + ": must not be empty");
+    }
     for (const auto& t : sink_types()) {
-      if (t.name == type) prepared.push_back({entry.name, type, t.parse(section)});
+      if (t.name == type) prepared.push_back({entry.name, type, t.parse(section, envelope)});
     }
     section.finish();
   }
   return prepared;
+}
+
+std::string default_cloudevents_source(const std::string& database_url, const std::string& table) {
+  std::string database;
+  char* error = nullptr;
+  std::unique_ptr<PQconninfoOption, decltype(&PQconninfoFree)> options(PQconninfoParse(database_url.c_str(), &error),
+                                                                      &PQconninfoFree);
+  if (error) PQfreemem(error);
+  std::string user;
+  for (auto* o = options.get(); o && o->keyword; ++o) {
+    if (!o->val) continue;
+    if (std::string_view(o->keyword) == "dbname") database = o->val;
+    if (std::string_view(o->keyword) == "user") user = o->val;
+  }
+  if (database.empty()) database = user;  // libpq's own default
+  return "outbox-relay/" + (database.empty() ? std::string() : database + "/") + table;
 }
 
 nlohmann::json describe(const std::vector<PreparedSink>& sinks) {

@@ -12,6 +12,7 @@
 #include "config/config.hpp"
 #include "config/section.hpp"
 #include "core/sink.hpp"
+#include "sinks/envelope.hpp"
 
 namespace outbox::sinks {
 
@@ -25,13 +26,15 @@ class SinkSpec {
 
 struct SinkType {
   std::string name;
-  // Reads the type's keys from the entry (name and type are read already); throws
-  // config::ConfigError naming the key.
-  std::function<std::unique_ptr<SinkSpec>(config::Section&)> parse;
+  // Reads the type's keys from the entry (name, type, format and cloudevents_source are read
+  // already: `envelope`); throws config::ConfigError naming the key.
+  std::function<std::unique_ptr<SinkSpec>(config::Section&, const Envelope& envelope)> parse;
 };
 
 // The row of a sink whose settings are a plain struct: parse(section) -> Settings,
-// describe(settings) -> JSON for the log, and a constructor SinkImpl(name, settings).
+// describe(settings) -> JSON for the log, and a constructor SinkImpl(name, settings). A sink
+// supports `format: cloudevents` by giving its Settings an `Envelope envelope` member; for the
+// others that format is a config error naming `sinks[N].format`.
 template <class SinkImpl, class Settings>
 SinkType sink_type(std::string name, Settings (*parse)(config::Section&),
                    nlohmann::json (*describe)(const Settings&)) {
@@ -48,9 +51,19 @@ SinkType sink_type(std::string name, Settings (*parse)(config::Section&),
     Settings settings_;
     nlohmann::json description_;
   };
-  return {std::move(name), [parse, describe](config::Section& section) -> std::unique_ptr<SinkSpec> {
+  return {name, [name, parse, describe](config::Section& section, const Envelope& envelope) -> std::unique_ptr<SinkSpec> {
             Settings settings = parse(section);
+            if constexpr (requires { settings.envelope; }) {
+              settings.envelope = envelope;
+            } else if (envelope.format != EnvelopeFormat::kJson) {
+              throw config::ConfigError(section.key_path("format") + ": the " + name +
+                                        " sink supports only json, got 'cloudevents'");
+            }
             nlohmann::json description = describe(settings);
+            if (envelope.format == EnvelopeFormat::kCloudEvents) {
+              description["format"] = "cloudevents";
+              description["cloudevents_source"] = envelope.source;
+            }
             return std::make_unique<Spec>(std::move(settings), std::move(description));
           }};
 }
@@ -65,9 +78,13 @@ struct PreparedSink {
   std::unique_ptr<SinkSpec> spec;
 };
 
-// Parses every entry of config.sinks with its type's row. Throws config::ConfigError naming the
-// key (sinks[N].type for a type this build does not know, sinks[N].<key> for its settings).
+// Parses every entry of config.sinks with its type's row, after the keys every sink has (format,
+// cloudevents_source). Throws config::ConfigError naming the key (sinks[N].type for a type this
+// build does not know, sinks[N].<key> for its settings).
 std::vector<PreparedSink> prepare_sinks(const config::Config& config);
+
+// CloudEvents' default `source`: outbox-relay/<database>/<table> (the database from the URL).
+std::string default_cloudevents_source(const std::string& database_url, const std::string& table);
 
 // The sinks as the start-up log shows them: name, type and each type's description.
 nlohmann::json describe(const std::vector<PreparedSink>& sinks);

@@ -2,6 +2,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "sinks/envelope.hpp"
+
 namespace outbox::config {
 class Section;
 }
@@ -12,10 +14,13 @@ namespace outbox::sinks {
 struct FileSinkConfig {
   std::string path;
   bool fsync = true;  // false only for benchmarks of the rest of the pipeline
+  Envelope envelope;  // format: json (the relay's records) or cloudevents (structured mode)
 };
 
 // type: stdout. JSON Lines on standard output, flushed per batch.
-struct StdoutSinkConfig {};
+struct StdoutSinkConfig {
+  Envelope envelope;
+};
 
 FileSinkConfig parse_file_sink(config::Section& section);
 StdoutSinkConfig parse_stdout_sink(config::Section& section);

@@ -52,6 +52,14 @@ void append_json_line(const Event& e, std::string& out) {
   out += "\"}\n";
 }
 
+void append_record(const Event& event, const Envelope& envelope, std::string& out) {
+  if (envelope.format == EnvelopeFormat::kCloudEvents) {
+    append_structured_cloudevent(event, envelope, out);
+  } else {
+    append_json_line(event, out);
+  }
+}
+
 FileSink::FileSink(std::string name, FileSinkConfig config)
     : name_(std::move(name)), config_(std::move(config)) {}
 
@@ -77,7 +85,7 @@ std::vector<Outcome> FileSink::publish(std::span<const Event* const> events) {
     if (fd_ < 0) return fail_all(errno_text(("open " + config_.path).c_str(), errno));
   }
   buffer_.clear();
-  for (const Event* e : events) append_json_line(*e, buffer_);
+  for (const Event* e : events) append_record(*e, config_.envelope, buffer_);
 
   struct stat st {};
   const off_t before = ::fstat(fd_, &st) == 0 ? st.st_size : -1;
@@ -94,7 +102,7 @@ std::vector<Outcome> FileSink::publish(std::span<const Event* const> events) {
 
 std::vector<Outcome> StdoutSink::publish(std::span<const Event* const> events) {
   buffer_.clear();
-  for (const Event* e : events) append_json_line(*e, buffer_);
+  for (const Event* e : events) append_record(*e, config_.envelope, buffer_);
   const bool ok = std::fwrite(buffer_.data(), 1, buffer_.size(), stdout) == buffer_.size() && std::fflush(stdout) == 0;
   if (!ok) return std::vector<Outcome>(events.size(), Outcome::retry(errno_text("write stdout", errno)));
   return std::vector<Outcome>(events.size(), Outcome::delivered());

@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "sinks/envelope.hpp"
+
 namespace outbox::config {
 class Section;
 }
@@ -27,6 +29,7 @@ struct KafkaSinkConfig {
   std::chrono::milliseconds delivery_timeout{5'000};
   // The config path of this sink (e.g. "sinks[1]"), for startup errors that name the key.
   std::string key_path;
+  Envelope envelope;  // format: json (outbox-* headers) or cloudevents (ce_* headers)
 };
 
 // Reads brokers, topic, properties and delivery_timeout from a sink entry. Validates every

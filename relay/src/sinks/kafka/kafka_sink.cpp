@@ -311,6 +311,29 @@ struct KafkaSink::Impl {
     return topics.emplace(topic, std::move(handle)).first->second.get();
   }
 
+  // format: json: outbox-id, outbox-topic, outbox-created-at and the row's headers. format:
+  // cloudevents (Kafka protocol binding, binary content mode): ce_<attribute> headers and
+  // content-type; the key and the value (the payload) stay as they are.
+  HeadersPtr message_headers(const Event& event) const {
+    const auto add = [](rd_kafka_headers_t* headers, const std::string& header, const std::string& value) {
+      rd_kafka_header_add(headers, header.data(), static_cast<ssize_t>(header.size()), value.data(),
+                          static_cast<ssize_t>(value.size()));
+    };
+    if (config.envelope.format == EnvelopeFormat::kCloudEvents) {
+      const auto attributes = cloudevents_attributes(event, config.envelope);
+      HeadersPtr headers(rd_kafka_headers_new(attributes.size() + 1));
+      for (const auto& [attribute, value] : attributes) add(headers.get(), "ce_" + attribute, value);
+      add(headers.get(), "content-type", "application/json");
+      return headers;
+    }
+    HeadersPtr headers(rd_kafka_headers_new(3 + event.headers.size()));
+    add(headers.get(), "outbox-id", std::to_string(event.id));
+    add(headers.get(), "outbox-topic", event.topic);
+    add(headers.get(), "outbox-created-at", event.created_at);
+    for (const auto& [header, value] : event.headers) add(headers.get(), header, value);
+    return headers;
+  }
+
   // Enqueues one event. On a full queue it serves delivery reports and tries again until the
   // deadline: events are never dropped. Returns librdkafka's error for this event.
   rd_kafka_resp_err_t produce(std::size_t index, const Event& event, const std::string& topic,
@@ -319,17 +342,7 @@ struct KafkaSink::Impl {
     rd_kafka_topic_t* rkt = topic_handle(topic);
     if (!rkt) return rd_kafka_last_error();
 
-    const std::string id = std::to_string(event.id);
-    HeadersPtr headers(rd_kafka_headers_new(3 + event.headers.size()));
-    rd_kafka_header_add(headers.get(), "outbox-id", -1, id.data(), static_cast<ssize_t>(id.size()));
-    rd_kafka_header_add(headers.get(), "outbox-topic", -1, event.topic.data(),
-                        static_cast<ssize_t>(event.topic.size()));
-    rd_kafka_header_add(headers.get(), "outbox-created-at", -1, event.created_at.data(),
-                        static_cast<ssize_t>(event.created_at.size()));
-    for (const auto& [header, value] : event.headers) {
-      rd_kafka_header_add(headers.get(), header.data(), static_cast<ssize_t>(header.size()), value.data(),
-                          static_cast<ssize_t>(value.size()));
-    }
+    HeadersPtr headers = message_headers(event);
 
     for (;;) {
       // RD_KAFKA_MSG_F_COPY: librdkafka copies key and value, so the const_cast never leads to a

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "sinks/envelope.hpp"
+
 namespace outbox::config {
 class Section;
 }
@@ -32,6 +34,7 @@ struct WebhookSinkConfig {
   std::chrono::milliseconds timeout{10'000};
   int max_in_flight = 16;
   WebhookTlsConfig tls;
+  Envelope envelope;  // format: json (the row's headers) or cloudevents (ce-* headers, binary mode)
 };
 
 inline constexpr int kMaxWebhookInFlight = 256;

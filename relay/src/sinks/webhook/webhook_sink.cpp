@@ -182,20 +182,9 @@ struct WebhookSink::Impl {
     return t;
   }
 
-  // Sets up t for event e. Returns why the event can never be sent, if so.
-  std::optional<std::string> prepare(Transfer& t, const Event& e, std::size_t index) {
-    SlistPtr list;
-    append(list, "Content-Type: application/json");
-    append(list, "Expect:");  // no 100-continue round trip for larger bodies
-    const std::string id = std::to_string(e.id);
-    const auto timestamp =
-        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-    append(list, "webhook-id: " + id);
-    append(list, "webhook-timestamp: " + std::to_string(timestamp));
-    if (!config.signing_keys.empty()) {
-      append(list, "webhook-signature: " + webhook::signature_header(config.signing_keys, id, timestamp, e.payload));
-    }
-    for (const auto& line : static_header_lines) append(list, line);
+  // format: json: the row's headers, except those the sink or its config sets. Returns why the
+  // event can never be sent, if so.
+  std::optional<std::string> append_row_headers(SlistPtr& list, const Event& e) {
     for (const auto& [hname, value] : e.headers) {
       if (!is_valid_header_name(hname)) {
         return "invalid event header name '" + webhook::body_excerpt(hname, 64) + "'";
@@ -212,6 +201,31 @@ struct WebhookSink::Impl {
         continue;
       }
       append(list, header_line(hname, value));
+    }
+    return std::nullopt;
+  }
+
+  // Sets up t for event e. Returns why the event can never be sent, if so.
+  std::optional<std::string> prepare(Transfer& t, const Event& e, std::size_t index) {
+    SlistPtr list;
+    append(list, "Content-Type: application/json");
+    append(list, "Expect:");  // no 100-continue round trip for larger bodies
+    const std::string id = std::to_string(e.id);
+    const auto timestamp =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    append(list, "webhook-id: " + id);
+    append(list, "webhook-timestamp: " + std::to_string(timestamp));
+    if (!config.signing_keys.empty()) {
+      append(list, "webhook-signature: " + webhook::signature_header(config.signing_keys, id, timestamp, e.payload));
+    }
+    for (const auto& line : static_header_lines) append(list, line);
+    if (config.envelope.format == EnvelopeFormat::kCloudEvents) {
+      // HTTP protocol binding, binary content mode: ce-<attribute> headers, the payload as body.
+      for (const auto& [attribute, value] : cloudevents_attributes(e, config.envelope)) {
+        append(list, header_line("ce-" + attribute, percent_encode_header_value(value)));
+      }
+    } else if (auto error = append_row_headers(list, e)) {
+      return error;
     }
     CURL* easy = t.easy.get();
     t.body.clear();

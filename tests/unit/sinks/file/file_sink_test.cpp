@@ -46,7 +46,7 @@ TEST_CASE("a JSON line holds exactly id, topic, key, payload, headers, created_a
 
 TEST_CASE("the file sink retries while its directory is missing, then appends every event") {
   const auto dir = temp_dir();
-  sinks::FileSink sink("f", sinks::FileSinkConfig{(dir / "events.jsonl").string(), true});
+  sinks::FileSink sink("f", sinks::FileSinkConfig{(dir / "events.jsonl").string(), true, {}});
   const Event e1 = sample(1), e2 = sample(2);
   std::vector<const Event*> batch{&e1, &e2};
 
