@@ -56,8 +56,12 @@ fi
 if ! fresh java "$cache/java/classes"; then
   step "java: mvn compile + pgjdbc"
   rm -rf "$cache/java"
-  mvn -B -q -Dstyle.color=never -f "$here/java/pom.xml" -DbuildDirectory="$cache/java" \
-    compile dependency:copy-dependencies
+  # mvn -q still prints colour resets; its output is shown only when it fails.
+  if ! mvn -B -q -Dstyle.color=never -f "$here/java/pom.xml" -DbuildDirectory="$cache/java" \
+      compile dependency:copy-dependencies > "$cache/java-build.log" 2>&1; then
+    cat "$cache/java-build.log" >&2
+    exit 1
+  fi
   done_ java
 fi
 
