@@ -26,13 +26,21 @@ for tool in python3 go npm java mvn cargo; do
 done
 mkdir -p "$cache/bin"
 
-# A stamp per example: rebuilt when its output ($2) is missing or one of its files is newer.
-fresh() {
-  local stamp="$cache/.$1.stamp"
-  [ -e "$2" ] && [ -f "$stamp" ] && [ -z "$(find "$here/$1" -newer "$stamp" -type f -not -path '*/node_modules/*' \
-    -not -path '*/target/*' -print -quit)" ]
+# A stamp per example holds a hash of its sources: it is rebuilt when its output ($2) is missing or
+# its sources differ from those of the last build (also those of another checkout sharing the cache).
+sources_hash() {
+  (cd "$here/$1" && find . -type f -not -path './node_modules/*' -not -path './target/*' -print0 \
+    | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
 }
-done_() { touch "$cache/.$1.stamp"; }
+# Node's node_modules lives in the checkout, so its stamp is per checkout.
+stamp() {
+  if [ "$1" = node ]; then echo "$cache/.node-$(printf %s "$here" | sha256sum | cut -c1-12).stamp"
+  else echo "$cache/.$1.stamp"; fi
+}
+fresh() {
+  [ -e "$2" ] && [ "$(cat "$(stamp "$1")" 2> /dev/null)" = "$(sources_hash "$1")" ]
+}
+done_() { sources_hash "$1" > "$(stamp "$1")"; }
 
 if ! fresh python "$cache/python-venv/bin/python"; then
   step "python: venv with psycopg 3"
