@@ -117,7 +117,7 @@ async fn cancel_order(client: &mut Client, order_id: &str, headers: &Value) -> R
         .query_one(INSERT_EVENT, &[&"order.cancelled", &order_id, &payload, headers])
         .await?
         .get(0);
-    // The payment provider refuses: leave without commit(); dropping tx rolls back.
+    // The payment provider refuses: roll back (a Transaction dropped without commit() would too).
     tx.rollback().await?;
     Err(CancelError::PaymentDeclined(id))
 }
