@@ -5,8 +5,10 @@
 # package.json (git-ignored). Called by scripts/install-deps.sh; idempotent and quick when nothing
 # changed. Needs python3, go, node/npm, java 17 + mvn, cargo.
 #
-#   examples/install.sh          install and build every example
-#   examples/install.sh --print  print the command that runs each example (name<TAB>command)
+#   examples/install.sh                 install and build every example
+#   examples/install.sh --if-available  the same, or only a note when a toolchain is missing
+#                                       (scripts/install-deps.sh: the quickstart needs none of them)
+#   examples/install.sh --print         print the command that runs each example (name<TAB>command)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${OUTBOX_EXAMPLES_CACHE:-$HOME/.cache/outbox-relay/examples}
@@ -22,7 +24,11 @@ fi
 
 step() { echo "examples/install.sh: $*" >&2; }
 for tool in python3 go npm java mvn cargo; do
-  command -v "$tool" > /dev/null || { step "$tool not found: the examples need python3, go, node/npm, java 17 + mvn and cargo"; exit 1; }
+  if ! command -v "$tool" > /dev/null; then
+    step "$tool not found: the examples need python3, go, node/npm, java 17 + mvn and cargo"
+    [ "${1:-}" = "--if-available" ] && exit 0
+    exit 1
+  fi
 done
 mkdir -p "$cache/bin"
 

@@ -39,7 +39,7 @@ if [ "$runtime_only" = 0 ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/tests/integration/requirements.txt"
 fi
 
-if [ "$runtime_only" = 0 ]; then "$here/examples/install.sh"; fi  # writer examples (pinned), built under ~/.cache
+if [ "$runtime_only" = 0 ]; then "$here/examples/install.sh" --if-available; fi  # writer examples, see examples/
 
 if [ "$runtime_only" = 0 ]; then
   # promtool for tests/ops/check-packaging.sh, unpacked from Debian's prometheus package into a
