@@ -42,6 +42,8 @@ if [ "$runtime_only" = 0 ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/tests/integration/requirements.txt"
 fi
 
+if [ "$runtime_only" = 0 ]; then "$here/examples/install.sh" --if-available; fi  # writer examples, see examples/
+
 if [ "$runtime_only" = 0 ]; then
   # promtool for tests/ops/check-packaging.sh, unpacked from Debian's prometheus package into a
   # cache dir outside the repo: installing the package would also install and start a server.
