@@ -30,9 +30,9 @@ bool shares_backend(const BackendPids& pids) {
 TransactionPoolerDetected::TransactionPoolerDetected()
     : StoreUnavailable(
           "database.url leads to a transaction-pooling proxy (such as PgBouncer with pool_mode = transaction or "
-          "statement): a session of the relay does not keep a server backend of its own. The relay needs one for LISTEN "
-          "and its advisory locks: connect it to PostgreSQL directly or through a session pool (pool_mode = "
-          "session); writers may keep using the transaction pool") {}
+          "statement): a session of the relay does not keep a server backend of its own. The relay needs one "
+          "for LISTEN and its advisory locks: connect it to PostgreSQL directly or through a session pool "
+          "(pool_mode = session); writers may keep using the transaction pool") {}
 
 void ensure_own_backend(pqxx::connection_base& session, const std::string& url) {
   static std::mutex one_probe_at_a_time;
