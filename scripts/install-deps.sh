@@ -20,6 +20,9 @@ if [ "$runtime_only" = 0 ]; then
   pkgs+=(maven openjdk-17-jre-headless)
   # tests/ops/check-packaging.sh: `docker-compose config` validates docker-compose.yml (no daemon).
   pkgs+=(docker-compose)
+  # tests/integration/test_poolers.py: a real PgBouncer in session and transaction pool modes,
+  # started by the tests on a free port (the package's own service is not used).
+  pkgs+=(pgbouncer)
 fi
 
 missing=()

@@ -45,9 +45,7 @@ outbox::config::Config load(const Options& o) {
   const auto env = outbox::config::process_env();
   auto c = o.config_path.empty() ? outbox::config::parse_config("{}", env, o.database_url)
                                  : outbox::config::load_config(o.config_path, env, o.database_url);
-  if (!o.table.empty()) {
-    c.database.table = outbox::config::parse_config("database: {table: " + o.table + ", url: x}", env).database.table;
-  }
+  if (!o.table.empty()) c.database.table = outbox::config::table_option(o.table);
   if (!o.log_level.empty()) c.log_level = o.log_level;
   outbox::log::Level level{};
   outbox::log::parse_level(c.log_level, level);

@@ -17,6 +17,7 @@
 #include "log/log.hpp"
 #include "postgres/listener.hpp"
 #include "postgres/pg_store.hpp"
+#include "postgres/pooler.hpp"
 #include "sinks/registry.hpp"
 #include "version.hpp"
 
@@ -87,7 +88,7 @@ int run_relay(const config::Config& config) {
   Health health;
   // Declared before ops, whose threads read it, so that it outlives them.
   pg::PgStoreOptions store_options{config.database.url, config.database.table, instance_id, config.relay.lease,
-                                   config.relay.on_success == config::OnSuccess::kDelete};
+                                   config.relay.on_success == config::OnSuccess::kDelete, &health};
   pg::PgStore store(store_options);
   Ops ops(config, sinks, health, bell);  // binds http.listen: ConfigError (exit 2) if it cannot
   Metrics& metrics = ops.metrics();
@@ -104,6 +105,15 @@ int run_relay(const config::Config& config) {
   runner_options.poll_interval = config.relay.poll_interval;
   runner_options.idle_poll_interval = config.relay.idle_poll_interval;
   Runner runner(loop, store, bell, metrics, health, runner_options, jitter);
+
+  // A transaction pooler in database.url is a configuration error: refuse before anything runs. A
+  // database that cannot be reached now is not: the runner retries (and checks at each connect).
+  try {
+    store.connect();
+  } catch (const pg::TransactionPoolerDetected& e) {
+    throw config::ConfigError(e.what());
+  } catch (const StoreUnavailable&) {
+  }
 
   pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, runner_options.reconnect);
   ops.start([&store] { return store.lanes_owned(); });

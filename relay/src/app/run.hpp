@@ -4,6 +4,8 @@
 namespace outbox::app {
 
 // Runs the relay until SIGTERM/SIGINT (exit code 0) or a fatal error (non-zero). Blocks.
+// Throws config::ConfigError (exit 2) before anything runs when http.listen cannot be bound or
+// database.url leads to a transaction pooler (postgres/pooler.hpp).
 // Must be called before any other thread exists: it blocks the stop signals process-wide.
 int run_relay(const config::Config& config);
 

@@ -17,14 +17,10 @@ DatabaseConfig parse_database(Section& s) {
   c.channel = s.string_or("channel", c.channel);
   c.table = s.string_or("table", c.table);
   static const std::regex kIdentifier("[a-z_][a-z0-9_]{0,62}");
-  static const std::regex kTable("([a-z_][a-z0-9_]{0,62}\\.)?[a-z_][a-z0-9_]{0,62}");
   if (!std::regex_match(c.channel, kIdentifier)) {
     throw ConfigError(s.key_path("channel") + ": expected a lower-case SQL identifier, got '" + c.channel + "'");
   }
-  if (!std::regex_match(c.table, kTable)) {
-    throw ConfigError(s.key_path("table") + ": expected a lower-case table name (optionally schema.table), got '" +
-                      c.table + "'");
-  }
+  check_table_name(c.table, s.key_path("table"));
   s.finish();
   return c;
 }
@@ -113,6 +109,22 @@ SinkConfig parse_sink(Section& s, std::set<std::string>& names, const EnvLookup&
 }
 
 }  // namespace
+
+void check_table_name(const std::string& table, const std::string& key) {
+  static const std::regex kTable("([a-z_][a-z0-9_]{0,62}\\.)?[a-z_][a-z0-9_]{0,62}");
+  if (!std::regex_match(table, kTable)) {
+    throw ConfigError(key + ": expected a lower-case table name (optionally schema.table), got '" + table + "'");
+  }
+}
+
+std::string table_option(const std::string& value) {
+  std::string name = value;
+  if (name.size() >= 2 && (name.front() == '"' || name.front() == '\'') && name.back() == name.front()) {
+    name = name.substr(1, name.size() - 2);
+  }
+  check_table_name(name, "--table");
+  return name;
+}
 
 Config parse_config(const std::string& yaml_text, const EnvLookup& env,
                     const std::string& database_url_override) {

@@ -77,6 +77,15 @@ Config parse_config(const std::string& yaml_text, const EnvLookup& env,
 Config load_config(const std::string& path, const EnvLookup& env,
                    const std::string& database_url_override = {});
 
+// The one rule for outbox table names (database.table, --table): a lower-case SQL identifier,
+// optionally schema-qualified ("app.outbox_events"). Throws ConfigError naming `key`.
+void check_table_name(const std::string& table, const std::string& key);
+
+// The --table option: a table name as check_table_name() takes it, optionally in one pair of
+// matching quotes ('"app.events"', as the YAML-built form of the option accepted). Taken
+// literally: no ${...} interpolation, no YAML. Throws ConfigError naming --table.
+std::string table_option(const std::string& value);
+
 // The effective configuration as JSON for the startup log, secrets masked. Sinks show their name
 // and type (the registry's describe() adds each type's settings).
 nlohmann::json describe(const Config& config);

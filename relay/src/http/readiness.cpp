@@ -13,7 +13,11 @@ std::string Readiness::to_json(const char* key) const {
 Readiness evaluate_readiness(const Health& health, const std::vector<const Sink*>& sinks, bool stopping) {
   Readiness r;
   if (stopping) r.reasons.emplace_back("shutting down");
-  if (!health.store_up.load()) r.reasons.emplace_back("database session down");
+  if (health.transaction_pooler.load()) {
+    r.reasons.emplace_back("database.url leads to a transaction pooler: the relay needs a direct or session-pooled connection");
+  } else if (!health.store_up.load()) {
+    r.reasons.emplace_back("database session down");
+  }
   if (!health.listener_up.load()) r.reasons.emplace_back("LISTEN session down");
   for (const Sink* sink : sinks) {
     if (!sink->usable()) r.reasons.push_back("sink '" + sink->name() + "' not usable");

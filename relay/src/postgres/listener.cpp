@@ -3,6 +3,7 @@
 #include <random>
 
 #include "log/log.hpp"
+#include "postgres/pooler.hpp"
 #include "postgres/session.hpp"
 
 namespace outbox::pg {
@@ -44,6 +45,7 @@ void Listener::run() {
   while (!bell_.stopped()) {
     try {
       auto conn = open_session(url_, "listener");
+      ensure_own_backend(*conn, url_);  // LISTEN on a pooled backend would hear nothing for us
       Receiver receiver(*conn, channel_, bell_);  // issues LISTEN, committed at once
       health_.listener_up = true;
       if (failures > 0) {

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "log/log.hpp"
+#include "postgres/pooler.hpp"
 #include "postgres/session.hpp"
 
 namespace outbox::pg {
@@ -87,6 +88,21 @@ struct PgStore::Impl {
     set_owned({});
     resolved = -1;
     reading_last = -1;
+  }
+
+  // Refuses a session on a transaction pooler (postgres/pooler.hpp), reporting the result to the
+  // readiness check; logs an error when one appears.
+  void check_own_backend(pqxx::connection& c) {
+    try {
+      ensure_own_backend(c, opt.url);
+    } catch (const TransactionPoolerDetected& e) {
+      if (opt.health && !opt.health->transaction_pooler.exchange(true)) {
+        log::error("refusing to work through a transaction pooler; not claiming until database.url leads to a "
+                   "session of our own", {{"error", e.what()}});
+      }
+      throw;
+    }
+    if (opt.health) opt.health->transaction_pooler = false;
   }
 };
 
@@ -266,6 +282,7 @@ void PgStore::connect() {
   if (impl_->conn) return;
   translate_errors("connect", [&] {
     auto conn = open_session(impl_->opt.url, "worker");
+    impl_->check_own_backend(*conn);  // before any lock or prepared statement
     conn->prepare("claim", impl_->claim_sql);
     {
       pqxx::nontransaction q(*conn);

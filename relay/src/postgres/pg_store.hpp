@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "core/health.hpp"
 #include "core/store.hpp"
 
 namespace outbox::pg {
@@ -17,6 +18,9 @@ struct PgStoreOptions {
   std::string instance_id;
   std::chrono::milliseconds lease{60'000};
   bool delete_on_success = false;
+  // Where connect() reports whether database.url leads to a transaction pooler (readiness); may
+  // be null. Must outlive the store.
+  Health* health = nullptr;
 };
 
 // Two sessions: one for claims, lanes and membership, one for complete() (so that a batch's

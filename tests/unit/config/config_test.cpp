@@ -147,3 +147,47 @@ TEST_CASE("describe masks the database url") {
   CHECK(text.find("postgresql://") == std::string::npos);
   CHECK(text.find("\"batch_size\":500") != std::string::npos);
 }
+
+TEST_CASE("--table is checked like database.table and taken literally") {
+  CHECK(table_option("outbox_events") == "outbox_events");
+  CHECK(table_option("app.outbox_events") == "app.outbox_events");
+  CHECK(table_option("\"app.outbox_events\"") == "app.outbox_events");  // one pair of quotes, as before
+  CHECK(table_option("'events'") == "events");
+  struct Case {
+    std::string value;
+    std::string expected;
+  };
+  const Case cases[] = {
+      // No ${...} interpolation: the text is the name, and the error shows it as typed.
+      {"\"${HOME}\"", "--table: expected a lower-case table name (optionally schema.table), got '${HOME}'"},
+      {"\"${file:/etc/hostname}\"", "--table: expected a lower-case table name (optionally schema.table), got '${file:/etc/hostname}'"},
+      // No YAML: a second key cannot ride along.
+      {"outbox_events, table: x", "--table: expected a lower-case table name (optionally schema.table), got 'outbox_events, table: x'"},
+      {"{table: x}", "--table: expected a lower-case table name (optionally schema.table), got '{table: x}'"},
+      {"Outbox", "--table: expected a lower-case table name (optionally schema.table), got 'Outbox'"},
+      {"a.b.c", "--table: expected a lower-case table name (optionally schema.table), got 'a.b.c'"},
+      {"\"events'", "--table: expected a lower-case table name (optionally schema.table), got '\"events''"},
+      {"\"\"", "--table: expected a lower-case table name (optionally schema.table), got ''"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.value);
+    std::string message;
+    try {
+      table_option(c.value);
+    } catch (const ConfigError& e) {
+      message = e.what();
+    }
+    CHECK(message == c.expected);
+  }
+}
+
+TEST_CASE("database.table and --table share one rule") {
+  const std::string sinks = "\nsinks: [{name: a, type: stdout}]";
+  for (const std::string table : {"app.outbox_events", "outbox_events"}) {
+    CAPTURE(table);
+    CHECK(error_of("database: {url: postgresql://x/db, table: '" + table + "'}" + sinks).empty());
+    CHECK(table_option(table) == table);
+  }
+  CHECK(error_of("database: {url: postgresql://x/db, table: 'a.b.c'}" + sinks) ==
+        "database.table: expected a lower-case table name (optionally schema.table), got 'a.b.c'");
+}

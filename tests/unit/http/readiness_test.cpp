@@ -57,6 +57,19 @@ TEST_CASE("ready only with both sessions up and every sink usable") {
   CHECK(r.reasons == std::vector<std::string>{"shutting down"});
 }
 
+TEST_CASE("a transaction pooler behind database.url is named, not reported as a lost session") {
+  Health h;
+  h.listener_up = true;
+  h.transaction_pooler = true;
+  auto r = http::evaluate_readiness(h, {}, false);
+  CHECK_FALSE(r.ready);
+  CHECK(r.reasons == std::vector<std::string>{
+                         "database.url leads to a transaction pooler: the relay needs a direct or session-pooled connection"});
+  h.transaction_pooler = false;
+  r = http::evaluate_readiness(h, {}, false);
+  CHECK(r.reasons == std::vector<std::string>{"database session down"});
+}
+
 TEST_CASE("alive while the loop runs, whatever the database does") {
   Health h;
   CHECK_FALSE(http::evaluate_liveness(h).ready);
