@@ -288,8 +288,10 @@ def test_a_lease_shorter_than_a_batch_in_the_sinks_sends_nothing_twice(db, relay
     ids = db.insert([("order.paid", key, {"i": i}) for i, key in enumerate(keys)])
     key_of = dict(zip(ids, keys))
     # Full batches of 6 (one event per key, sent concurrently): each spends ~1.5 s in the sink,
-    # and the next one is claimed ahead while it does.
-    relays(base_config(db, [webhook_sink(rx.url, timeout="5s", max_in_flight=8)], batch_size=6, lease="1s"))
+    # and the next one is claimed ahead while it does (no rebalance pause in between, which would
+    # write the outcomes before the next claim).
+    relays(base_config(db, [webhook_sink(rx.url, timeout="5s", max_in_flight=8)], batch_size=6, lease="1s",
+                       rebalance_interval="60s"))
     wait_until(lambda: pending(db) == 0, timeout=60, interval=0.2, message="all 24 events delivered")
     sent = sorted(r.event_id for r in rx.snapshot())
     assert sent == sorted(ids), f"sent twice: {sorted({i for i in sent if sent.count(i) > 1})}"
