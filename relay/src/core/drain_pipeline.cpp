@@ -3,27 +3,18 @@
 #include <utility>
 
 namespace outbox {
-namespace {
-
-std::exception_ptr wait(std::future<void>& work) {
-  if (!work.valid()) return nullptr;
-  try {
-    work.get();
-    return nullptr;
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
-}  // namespace
 
 void DrainPipeline::start(std::function<void()> publish, bool publish_on_helper, std::function<void()> complete) {
   if (publish_on_helper) {
-    publishing_ = publisher_.run(std::move(publish));
+    publisher_.start(std::move(publish));
+    publishing_ = true;
   } else {
     publish_here_ = std::move(publish);
   }
-  if (complete) completing_ = completer_.run(std::move(complete));
+  if (complete) {
+    completer_.start(std::move(complete));
+    completing_ = true;
+  }
 }
 
 DrainPipeline::Collected DrainPipeline::collect() {
@@ -36,8 +27,10 @@ DrainPipeline::Collected DrainPipeline::collect() {
     }
     publish_here_ = nullptr;
   }
-  collected.complete_failure = wait(completing_);
-  if (auto failure = wait(publishing_)) collected.publish_failure = failure;
+  if (std::exchange(completing_, false)) collected.complete_failure = completer_.wait();
+  if (std::exchange(publishing_, false)) {
+    if (auto failure = publisher_.wait()) collected.publish_failure = failure;
+  }
   return collected;
 }
 

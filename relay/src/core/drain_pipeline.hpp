@@ -11,7 +11,6 @@
 // owns, and the store and sinks the work uses outlive the loop.
 #include <exception>
 #include <functional>
-#include <future>
 
 #include "core/helper_thread.hpp"
 #include "core/key_holds.hpp"
@@ -44,8 +43,8 @@ class DrainPipeline {
   KeyHolds held_;
   KeyHolds held_previous_;  // failures of the batch whose outcomes are written beside the next claim
   std::function<void()> publish_here_;
-  std::future<void> publishing_;
-  std::future<void> completing_;
+  bool publishing_ = false;  // the publish work runs on publisher_
+  bool completing_ = false;  // the complete work runs on completer_
   // Last: destroyed first, so a helper never outlives what its work touches here.
   HelperThread publisher_;
   HelperThread completer_;

@@ -7,37 +7,54 @@ namespace outbox {
 
 HelperThread::~HelperThread() {
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [this] { return !running_; });
     stopping_ = true;
   }
-  wake_.notify_one();
+  changed_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
-std::future<void> HelperThread::run(std::function<void()> task) {
-  std::packaged_task<void()> packaged(std::move(task));
-  auto done = packaged.get_future();
+void HelperThread::start(std::function<void()> task) {
   {
     std::lock_guard lock(mutex_);
-    if (task_) throw std::logic_error("HelperThread::run: the previous task has not started yet");
-    task_ = std::move(packaged);
+    if (running_) throw std::logic_error("HelperThread::start: the previous task is still running");
+    task_ = std::move(task);
+    running_ = true;
+    failure_ = nullptr;
     if (!thread_.joinable()) thread_ = std::thread([this] { serve(); });
   }
-  wake_.notify_one();
-  return done;
+  changed_.notify_all();
+}
+
+std::exception_ptr HelperThread::wait() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [this] { return !running_; });
+  return std::exchange(failure_, nullptr);
 }
 
 void HelperThread::serve() {
   for (;;) {
-    std::packaged_task<void()> task;
+    std::function<void()> task;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [this] { return stopping_ || task_; });
+      changed_.wait(lock, [this] { return stopping_ || task_; });
       if (!task_) return;  // stopping, nothing left to run
-      task = std::move(*task_);
-      task_.reset();
+      task = std::exchange(task_, nullptr);
     }
-    task();  // an exception goes into the task's future
+    std::exception_ptr failure;
+    try {
+      task();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    task = nullptr;  // what the task captured goes away before the owner hears it finished
+    {
+      std::lock_guard lock(mutex_);
+      failure_ = std::move(failure);
+      running_ = false;
+    }
+    changed_.notify_all();
   }
 }
 
