@@ -1,7 +1,6 @@
 """Issue 10, defects 1 and 6: the file sink under kill -9, and a file it cannot write at start."""
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -88,7 +87,8 @@ def test_kill_9_while_writing_leaves_no_torn_line(db, relays, workdir):
     assert got == set(ids), f"missing ids: {sorted(set(ids) - got)[:10]}"
     assert all(line["payload"]["i"] == line["id"] for line in lines)
     # Each torn line was cut by the relay started after the kill, which said so.
-    cuts = [l for r in started for l in r.logs() if l.get("msg", "").startswith("file sink cut an incomplete last line")]
+    cuts = [l for r in started for l in r.logs()
+            if l.get("msg", "").startswith("file sink cut an incomplete last line")]
     assert [c["bytes_cut"] for c in cuts] == tears
     assert all(c["level"] == "warn" and c["path"] == str(out) and c["sink"] == "audit" for c in cuts)
     print(f"{kills} kills, {len(tears)} torn lines cut, {len(lines)} lines for {EVENTS} events")
