@@ -199,9 +199,11 @@ def test_6_two_relays_deliver_every_id_exactly_once(db, relays, workdir):
 
 
 def test_7_retry_backs_off_and_poison_is_dead_lettered(db, relays, workdir):
-    missing_dir = workdir / "not-yet"
-    out = missing_dir / "events.jsonl"
-    relay = relays(base_config(db, file_sink(out), backoff={"initial": "200ms", "max": "1s"}))
+    # The sink's path leads to /dev/full (it opens, every write fails) until the "disk" is back: a
+    # missing directory is refused at start, not retried.
+    sink_path, out = workdir / "sink.jsonl", workdir / "events.jsonl"
+    sink_path.symlink_to("/dev/full")
+    relay = relays(base_config(db, file_sink(sink_path), backoff={"initial": "200ms", "max": "1s"}))
     relay.wait_log("ordering lanes rebalanced")
     good = db.insert([("order.paid", f"k{i}", {"i": i}) for i in range(5)])
     [poison] = db.insert([("order.paid", "bad", {"x": 1}, {"n": 1})])
@@ -210,7 +212,7 @@ def test_7_retry_backs_off_and_poison_is_dead_lettered(db, relays, workdir):
                timeout=10, message="poison dead-lettered")
     assert db.query("SELECT attempts, last_error FROM outbox_events WHERE id = %s", (poison,))[0] == \
         (1, "invalid event: header 'n' must be a string, got number")
-    # The good rows retry with backoff while the directory is missing.
+    # The good rows retry with backoff while the disk is full.
     started = time.monotonic()
     wait_until(lambda: db.scalar("SELECT min(attempts) FROM outbox_events WHERE id = ANY(%s)", (good,)) >= 3,
                timeout=15, message="three failed attempts")
@@ -218,10 +220,11 @@ def test_7_retry_backs_off_and_poison_is_dead_lettered(db, relays, workdir):
     rows = db.query("SELECT attempts, last_error, next_attempt_at > now() FROM outbox_events WHERE id = ANY(%s)",
                     (good,))
     for attempts, last_error, _ in rows:
-        assert "No such file or directory" in last_error
+        assert last_error == "audit: write: No space left on device"
         assert attempts < 12, "backoff must slow the retries down"
     assert elapsed >= 0.2  # attempts 2 and 3 wait >= 100ms + 200ms (equal jitter) after the first
-    missing_dir.mkdir()
+    sink_path.unlink()
+    sink_path.symlink_to(out)
     wait_until(lambda: sorted(ids_in(out)) == good, timeout=10, message="good rows delivered after the fix")
     assert db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL") == 5
     status = json.loads(run_cli("status", "--json", env={"DATABASE_URL": db.url}).stdout)

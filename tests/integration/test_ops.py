@@ -249,17 +249,21 @@ def test_2_readyz_503_while_postgres_stopped_healthz_stays_200(own_cluster, own_
 
 
 def test_readyz_names_an_unusable_sink(db, relays, workdir):
-    missing_dir = workdir / "not-yet"
+    # A file that opens at start (a missing directory is refused then) but whose writes fail
+    # later, as on a full disk: the path leads to /dev/full until the "disk" is back.
+    out, real = workdir / "out.jsonl", workdir / "real.jsonl"
+    out.symlink_to("/dev/full")
     port = free_port()
-    relay = relays(ops_config(db, file_sink(missing_dir / "out.jsonl"), port))
+    relay = relays(ops_config(db, file_sink(out), port))
     wait_ready(port)
     [event_id] = db.insert([("t", "k", {"a": 1})])
     status, _, body = wait_until(lambda: (r := http_get(port, "/readyz"))[0] == 503 and r, message="503")
     assert json.loads(body) == {"ready": False, "reasons": ["sink 'out' not usable"]}
     assert http_get(port, "/healthz")[0] == 200
     assert scrape(port).value("outbox_relay_events_retried_total", sink="out") >= 1
-    missing_dir.mkdir()
-    wait_until(lambda: ids_in(missing_dir / "out.jsonl") == [event_id], message="delivered once the dir exists")
+    out.unlink()
+    out.symlink_to(real)
+    wait_until(lambda: ids_in(real) == [event_id], message="delivered once the disk is back")
     wait_ready(port)
     assert relay.stop() == 0
 

@@ -26,6 +26,7 @@ TEST_CASE("the registry knows every sink type and builds each entry with its own
   CHECK(described[1]["fsync"] == false);
   const auto sink = prepared[1].spec->make(prepared[1].name);
   CHECK(sink->name() == "audit");
+  std::filesystem::remove(dir / "registry-test.jsonl");
 }
 
 TEST_CASE("config/ keeps a sink entry as written; the registry names the key it rejects") {

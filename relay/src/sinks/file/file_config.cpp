@@ -6,6 +6,7 @@ namespace outbox::sinks {
 
 FileSinkConfig parse_file_sink(config::Section& section) {
   FileSinkConfig c;
+  c.key_path = section.path();
   c.path = section.required_string("path");
   c.fsync = section.boolean_or("fsync", c.fsync);
   return c;

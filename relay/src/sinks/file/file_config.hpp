@@ -14,6 +14,8 @@ namespace outbox::sinks {
 struct FileSinkConfig {
   std::string path;
   bool fsync = true;  // false only for benchmarks of the rest of the pipeline
+  // The config path of this sink (e.g. "sinks[1]"), for startup errors that name the key.
+  std::string key_path;
   Envelope envelope;  // format: json (the relay's records) or cloudevents (structured mode)
 };
 

@@ -1,14 +1,17 @@
 #include "sinks/file/file_sink.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "config/section.hpp"
 #include "log/log.hpp"
 
 namespace outbox::sinks {
@@ -32,6 +35,75 @@ int write_all(int fd, const std::string& data) {
     done += static_cast<std::size_t>(n);
   }
   return 0;
+}
+
+// Reads exactly len bytes at offset, retrying short reads and EINTR. Returns 0 or an errno value.
+int read_all_at(int fd, char* data, std::size_t len, off_t offset) {
+  std::size_t done = 0;
+  while (done < len) {
+    const ssize_t n = ::pread(fd, data + done, len - done, offset + static_cast<off_t>(done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EIO;  // the file shrank under us: someone else is cutting it
+    done += static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
+// An exclusive flock(2) on an open file for the life of this object. Appends and cuts hold it, so
+// a relay opening a file that another live relay appends to never cuts a line still being
+// written. Without flock support (some network file systems) it holds nothing; a lone relay
+// does not need it.
+class FileLock {
+ public:
+  explicit FileLock(int fd) : fd_(fd) {
+    int rc = 0;
+    do {
+      rc = ::flock(fd_, LOCK_EX);
+    } while (rc != 0 && errno == EINTR);
+    locked_ = rc == 0;
+  }
+  ~FileLock() {
+    if (locked_) ::flock(fd_, LOCK_UN);
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
+  bool locked_ = false;
+};
+
+struct Cut {
+  off_t bytes = 0;  // cut off the end of the file
+  int error = 0;    // errno of a failed read or truncate; nothing was cut then
+};
+
+// Cuts what follows the last '\n' of a regular file: the start of a line whose write was torn (a
+// relay killed inside write(2), a disk that filled up). Appending after such a fragment would glue
+// it to the next record, and that line would parse as nothing. The caller holds the FileLock.
+Cut cut_incomplete_last_line(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return {0, errno};
+  if (!S_ISREG(st.st_mode) || st.st_size == 0) return {};
+  char chunk[16 * 1024];
+  off_t end = st.st_size;
+  off_t keep = 0;  // stays 0 if the file holds no '\n' at all: all of it is one torn line
+  while (end > 0) {
+    const off_t begin = std::max<off_t>(0, end - static_cast<off_t>(sizeof chunk));
+    const auto len = static_cast<std::size_t>(end - begin);
+    if (const int err = read_all_at(fd, chunk, len, begin)) return {0, err};
+    if (const void* newline = ::memrchr(chunk, '\n', len)) {
+      keep = begin + (static_cast<const char*>(newline) - chunk) + 1;
+      break;
+    }
+    end = begin;
+  }
+  if (keep == st.st_size) return {};
+  if (::ftruncate(fd, keep) != 0) return {0, errno};
+  return {st.st_size - keep, 0};
 }
 
 }  // namespace
@@ -61,13 +133,36 @@ void append_record(const Event& event, const Envelope& envelope, std::string& ou
 }
 
 FileSink::FileSink(std::string name, FileSinkConfig config)
-    : name_(std::move(name)), config_(std::move(config)) {}
+    : name_(std::move(name)), config_(std::move(config)) {
+  if (const int err = open_file()) {
+    const std::string key = (config_.key_path.empty() ? "sink '" + name_ + "'" : config_.key_path) + ".path";
+    throw config::ConfigError(key + ": cannot open " + config_.path + " for appending: " + std::strerror(err));
+  }
+}
 
 FileSink::~FileSink() {
   if (fd_ >= 0) ::close(fd_);
 }
 
 bool FileSink::usable() const { return usable_.load(); }
+
+int FileSink::open_file() {
+  int fd = ::open(config_.path.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  // Reading only serves the cut below: a file the relay may append to but not read still works.
+  if (fd < 0 && errno == EACCES) fd = ::open(config_.path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  if (fd < 0) return errno;
+  fd_ = fd;
+  const FileLock lock(fd_);
+  const Cut cut = cut_incomplete_last_line(fd_);
+  if (cut.error != 0) {
+    log::warn("file sink could not check the file for an incomplete last line; appending anyway",
+              {{"sink", name_}, {"path", config_.path}, {"error", std::strerror(cut.error)}});
+  } else if (cut.bytes > 0) {
+    log::warn("file sink cut an incomplete last line (a torn write) before appending",
+              {{"sink", name_}, {"path", config_.path}, {"bytes_cut", static_cast<long long>(cut.bytes)}});
+  }
+  return 0;
+}
 
 std::vector<Outcome> FileSink::publish(std::span<const Event* const> events) {
   auto fail_all = [&](std::string reason) {
@@ -81,20 +176,24 @@ std::vector<Outcome> FileSink::publish(std::span<const Event* const> events) {
   };
 
   if (fd_ < 0) {
-    fd_ = ::open(config_.path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
-    if (fd_ < 0) return fail_all(errno_text(("open " + config_.path).c_str(), errno));
+    if (const int err = open_file()) return fail_all(errno_text(("open " + config_.path).c_str(), err));
   }
   buffer_.clear();
   for (const Event* e : events) append_record(*e, config_.envelope, buffer_);
 
-  struct stat st {};
-  const off_t before = ::fstat(fd_, &st) == 0 ? st.st_size : -1;
-  if (const int err = write_all(fd_, buffer_)) {
-    if (before >= 0 && ::ftruncate(fd_, before) != 0) {
-      log::warn("file sink could not truncate a partial write", {{"sink", name_}, {"error", std::strerror(errno)}});
+  std::string write_error;
+  {
+    const FileLock lock(fd_);  // released before fail_all closes fd_
+    struct stat st {};
+    const bool regular = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
+    if (const int err = write_all(fd_, buffer_)) {
+      if (regular && ::ftruncate(fd_, st.st_size) != 0) {
+        log::warn("file sink could not truncate a partial write", {{"sink", name_}, {"error", std::strerror(errno)}});
+      }
+      write_error = errno_text("write", err);
     }
-    return fail_all(errno_text("write", err));
   }
+  if (!write_error.empty()) return fail_all(write_error);
   if (config_.fsync && ::fdatasync(fd_) != 0) return fail_all(errno_text("fdatasync", errno));
   usable_ = true;
   return std::vector<Outcome>(events.size(), Outcome::delivered());

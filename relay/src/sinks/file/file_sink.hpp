@@ -15,9 +15,16 @@ void append_json_line(const Event& event, std::string& out);
 void append_record(const Event& event, const Envelope& envelope, std::string& out);
 
 // Appends to a file and fsyncs before acknowledging. A failed write or fsync makes the whole batch
-// retry (the file is truncated back to where the batch began). One thread at a time.
+// retry (the file is truncated back to where the batch began) and the file is opened again for the
+// next batch. Every open cuts an incomplete last line (a write torn by a crash, kill -9 included)
+// before anything is appended, so each line of the file stays one whole JSON object. Every append
+// and cut holds an exclusive flock(2) on the file, so relays sharing one file never cut a line
+// another one is writing. One thread at a time.
 class FileSink final : public Sink {
  public:
+  // Opens (creates) the file. Throws config::ConfigError naming config.key_path + ".path" when it
+  // cannot be opened for appending (missing directory, not writable, a path under a file, ...):
+  // such a sink would only ever retry. Failures after start are retries, as for every sink.
   FileSink(std::string name, FileSinkConfig config);
   ~FileSink() override;
   FileSink(const FileSink&) = delete;
@@ -28,9 +35,13 @@ class FileSink final : public Sink {
   bool usable() const override;
 
  private:
+  // Opens config_.path into fd_ and cuts an incomplete last line. Returns 0 or an errno value
+  // (fd_ stays -1 then).
+  int open_file();
+
   std::string name_;
   FileSinkConfig config_;
-  int fd_ = -1;  // opened lazily, so a missing directory is a retry, not a crash
+  int fd_ = -1;  // open from the constructor on; after a failure, reopened by the next publish()
   std::atomic<bool> usable_{true};
   std::string buffer_;
 };
