@@ -100,9 +100,11 @@ int run_relay(const config::Config& config) {
   runner_options.rebalance_interval = config.relay.rebalance_interval;
   runner_options.poll_interval = config.relay.poll_interval;
   runner_options.idle_poll_interval = config.relay.idle_poll_interval;
-  Runner runner(loop, store, bell, metrics, health, runner_options, jitter);
+  runner_options.reconnect = config.database.reconnect;
+  Runner runner(loop, store, bell, clock, metrics, health, runner_options, jitter);
 
-  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, runner_options.reconnect);
+  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, runner_options.reconnect,
+                        clock);
   ops.start([&store] { return store.lanes_owned(); });
   listener.start();
   std::promise<void> finished;

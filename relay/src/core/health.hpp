@@ -2,12 +2,17 @@
 // Liveness facts shared between the loop, the LISTEN thread and the HTTP thread.
 #include <atomic>
 
+#include "core/db_error.hpp"
+
 namespace outbox {
 
 struct Health {
   std::atomic<bool> store_up{false};     // the work session is connected
   std::atomic<bool> listener_up{false};  // the LISTEN session is connected and listening
   std::atomic<bool> loop_running{false}; // the loop thread is inside its run loop
+  // The class of the last failure of each session; read while it is down (/readyz reasons).
+  std::atomic<DbErrorClass> store_error{DbErrorClass::kTransient};
+  std::atomic<DbErrorClass> listener_error{DbErrorClass::kTransient};
 };
 
 }  // namespace outbox
