@@ -144,6 +144,10 @@ def test_role_without_grants_gets_the_grant_hint_and_recovers_after_grant(db, re
     assert status.returncode == 1
     assert f"GRANT outbox_relay TO {name}" in status.stderr
     assert password not in status.stderr and password not in relay.raw_logs()
+    # migrate needs more than the relay's grants, and says so.
+    migrate = run_cli("migrate", "--database-url", role_url(db, name, password), check=False)
+    assert migrate.returncode == 1
+    assert "SQLSTATE 42501" in migrate.stderr and "hint: migrate creates the table" in migrate.stderr
 
     with db.connect() as conn:
         conn.execute(f"GRANT outbox_relay TO {name}")

@@ -35,6 +35,12 @@ void background_session(std::unique_ptr<pqxx::connection>& conn, const std::stri
   throw admin_failure(what, e, url, table);
 }
 
+// The relay's own timers log the hint as a field of its own.
+[[noreturn]] void fail_quietly(const char* what, const std::exception& e, const std::string& url,
+                               const std::string& table) {
+  throw admin_failure(what, e, url, table, false);
+}
+
 // Runs one batched write until a batch comes back short. `batch` runs in its own transaction,
 // gets the cursor (the highest id handled so far) and returns the ids it changed.
 template <class Batch>
@@ -57,11 +63,12 @@ IdRanges in_batches(pqxx::connection& conn, long long cursor, Batch&& batch) {
 
 }  // namespace
 
-DbError admin_failure(const char* what, const std::exception& e, const std::string& url, const std::string& table) {
+DbError admin_failure(const char* what, const std::exception& e, const std::string& url, const std::string& table,
+                      bool hint_in_message) {
   const DbErrorClass kind = classify_error(e);
   std::string hint = operator_hint(kind, url_user(url), table);
   std::string message = std::string(what) + " failed: " + describe_error(e);
-  if (!hint.empty()) message += "; hint: " + hint;
+  if (hint_in_message && !hint.empty()) message += "; hint: " + hint;
   return DbError(message, kind, std::move(hint));
 }
 
@@ -244,7 +251,7 @@ BacklogProbe::Reading BacklogProbe::read() {
     return {row[0].as<long long>(), row[1].as<double>(), row[2].as<double>()};
   } catch (const std::exception& e) {
     im.conn.reset();
-    fail("backlog query", e, im.url, im.table);
+    fail_quietly("backlog query", e, im.url, im.table);
   }
 }
 
@@ -285,7 +292,7 @@ std::size_t RetentionSweeper::delete_batch(std::chrono::milliseconds older_than)
     return static_cast<std::size_t>(result.affected_rows());
   } catch (const std::exception& e) {
     im.conn.reset();
-    fail("retention", e, im.url, im.table);
+    fail_quietly("retention", e, im.url, im.table);
   }
 }
 

@@ -10,8 +10,9 @@
 // Retry and replay NOTIFY the relay's channel in each batch's transaction, so a running relay
 // picks the rows up at once.
 //
-// Errors: DbError (a std::runtime_error) with the password masked and the failure's class; for a
-// class that needs an operator (README "Database errors") the message ends with "; hint: ...".
+// Errors: DbError (a std::runtime_error) with the password masked, the failure's class and, for a
+// class that needs an operator (README "Database errors"), the hint, which the operator commands'
+// messages end with ("; hint: ...").
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -24,8 +25,10 @@
 
 namespace outbox::pg {
 
-// The DbError the functions below throw: "<what> failed: <error>[; hint: <hint>]".
-DbError admin_failure(const char* what, const std::exception& e, const std::string& url, const std::string& table);
+// The DbError the functions below throw: "<what> failed: <error>[; hint: <hint>]" (BacklogProbe
+// and RetentionSweeper leave the hint out of the message: the relay logs it as a field).
+DbError admin_failure(const char* what, const std::exception& e, const std::string& url, const std::string& table,
+                      bool hint_in_message = true);
 
 inline constexpr std::size_t kAdminBatch = 5000;
 

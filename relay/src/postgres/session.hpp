@@ -25,7 +25,10 @@ struct HintContext {
 template <class Fn>
 auto translate_errors(const char* what, Fn&& fn, const HintContext& hints = {}) -> decltype(fn());
 
+// "SQLSTATE <code>: <message>" (the code when known), trailing newlines dropped, password masked.
 std::string describe_error(const std::exception& e);
+// The SQLSTATE of a libpqxx exception: its own, or the one its type stands for; "" if none.
+std::string sqlstate_of(const std::exception& e);
 // The class of any failure of a session: a server error by its SQLSTATE, a failed connection by
 // libpq's message (it has no SQLSTATE), a DbError by its own class; anything else is kOther.
 DbErrorClass classify_error(const std::exception& e);

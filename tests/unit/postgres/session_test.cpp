@@ -22,6 +22,26 @@ TEST_CASE("classify_error: a server error by SQLSTATE, a failed login by libpq's
   CHECK(pg::classify_error(std::runtime_error("something else")) == DbErrorClass::kOther);
 }
 
+TEST_CASE("classify_error: libpqxx 6.4's typed exceptions carry no code; their type names it") {
+  // What libpqxx 6.4 throws for these errors of the server: the type, an empty sqlstate().
+  CHECK(pg::sqlstate_of(pqxx::insufficient_privilege("ERROR:  permission denied for table outbox_events")) == "42501");
+  CHECK(pg::classify_error(pqxx::insufficient_privilege("ERROR:  permission denied")) == DbErrorClass::kPrivilege);
+  CHECK(pg::classify_error(pqxx::undefined_table("ERROR:  relation does not exist")) ==
+        DbErrorClass::kUndefinedObject);
+  CHECK(pg::classify_error(pqxx::undefined_column("ERROR:  column does not exist")) ==
+        DbErrorClass::kUndefinedObject);
+  CHECK(pg::classify_error(pqxx::undefined_function("ERROR:  function does not exist")) ==
+        DbErrorClass::kUndefinedObject);
+  CHECK(pg::classify_error(pqxx::syntax_error("ERROR:  syntax error")) == DbErrorClass::kOther);
+  CHECK(pg::classify_error(pqxx::serialization_failure("ERROR:  could not serialize")) == DbErrorClass::kTransient);
+  CHECK(pg::classify_error(pqxx::deadlock_detected("ERROR:  deadlock detected")) == DbErrorClass::kTransient);
+  CHECK(pg::classify_error(pqxx::too_many_connections("FATAL:  too many connections")) == DbErrorClass::kTransient);
+  CHECK(pg::classify_error(pqxx::disk_full("ERROR:  could not extend file")) == DbErrorClass::kTransient);
+  CHECK(pg::classify_error(pqxx::in_doubt_error("commit outcome unknown")) == DbErrorClass::kTransient);
+  CHECK(pg::describe_error(pqxx::insufficient_privilege("ERROR:  permission denied\n")) ==
+        "SQLSTATE 42501: ERROR:  permission denied");
+}
+
 TEST_CASE("translate_errors: StoreUnavailable of the error's class, with the hint for the operator") {
   const pg::HintContext hints{"relay", "outbox_events"};
   try {
