@@ -153,6 +153,9 @@ def test_1_metrics_after_known_workload(db, relays, workdir):
     assert m.value("outbox_relay_claim_duration_seconds_count") >= 1
     assert m.value("outbox_relay_publish_duration_seconds_count", sink="out") >= 1
     assert m.value("outbox_relay_db_reconnects_total") == 0
+    # Every class of database error is exposed from the start, and none happened.
+    assert {dict(labels)["class"]: v for labels, v in m.series("outbox_relay_db_errors_total").items()} == {
+        "transient": 0, "other": 0, "privilege": 0, "undefined_object": 0, "authentication": 0, "configuration": 0}
     assert m.value("outbox_relay_ready") == 1
     assert m.value("outbox_relay_lanes_owned") == 64
     assert 0 <= m.value("outbox_relay_notification_queue_usage") < 0.01
@@ -167,7 +170,7 @@ def test_1_metrics_after_known_workload(db, relays, workdir):
     # Every metric has the prefix, and labels stay bounded: no key, no event id.
     assert all(name.startswith("outbox_relay_") for name in m.families)
     label_names = {k for (_, labels) in m.samples for k, _ in labels}
-    assert label_names <= {"sink", "source", "version", "le"}
+    assert label_names <= {"sink", "source", "version", "le", "class"}
     assert not [labels for (_, labels) in m.samples if any("key-" in v for _, v in labels)]
     # And what the metrics claim is what the sink got.
     assert sorted(ids_in(out)) == [r[0] for r in db.query(

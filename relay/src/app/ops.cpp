@@ -16,6 +16,15 @@
 namespace outbox::app {
 namespace {
 
+// warn for a failure a reconnect may cure; error with the hint for one that needs an operator.
+void log_db_error(const char* msg, const DbError& e, nlohmann::json fields) {
+  fields["error"] = e.what();
+  fields["class"] = db_error_label(e.kind());
+  if (!needs_operator(e.kind())) return log::warn(msg, std::move(fields));
+  fields["hint"] = e.hint();
+  log::error(msg, std::move(fields));
+}
+
 std::vector<std::string> sink_names(const std::vector<Sink*>& sinks) {
   std::vector<std::string> names;
   for (const Sink* s : sinks) names.push_back(s->name());
@@ -75,9 +84,10 @@ struct Ops::Impl {
         metrics.backlog({r.pending, r.oldest_pending_age_seconds, r.notification_queue_usage});
         if (failing) log::info("backlog gauges restored");
         failing = false;
-      } catch (const std::exception& e) {
+      } catch (const DbError& e) {
         // The gauges keep their last values; /readyz and outbox_relay_ready tell the outage.
-        if (!failing) log::warn("backlog gauges not refreshed", {{"error", e.what()}});
+        metrics.db_error(e.kind());
+        if (!failing) log_db_error("backlog gauges not refreshed", e, {});
         failing = true;
       }
       readiness();
@@ -101,9 +111,10 @@ struct Ops::Impl {
           metrics.retention_deleted(static_cast<long long>(n));
           if (n < sweeper.batch_size()) break;
         }
-      } catch (const std::exception& e) {
-        log::warn("retention pass failed, will try again at the next interval",
-                  {{"error", e.what()}, {"deleted", deleted}, {"batches", batches}});
+      } catch (const DbError& e) {
+        metrics.db_error(e.kind());
+        log_db_error("retention pass failed, will try again at the next interval", e,
+                     {{"deleted", deleted}, {"batches", batches}});
       }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       nlohmann::json fields{{"deleted", deleted}, {"batches", batches}, {"batch_size", sweeper.batch_size()},

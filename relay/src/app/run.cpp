@@ -104,7 +104,8 @@ int run_relay(const config::Config& config) {
   runner_options.rebalance_interval = config.relay.rebalance_interval;
   runner_options.poll_interval = config.relay.poll_interval;
   runner_options.idle_poll_interval = config.relay.idle_poll_interval;
-  Runner runner(loop, store, bell, metrics, health, runner_options, jitter);
+  runner_options.reconnect = config.database.reconnect;
+  Runner runner(loop, store, bell, clock, metrics, health, runner_options, jitter);
 
   // A transaction pooler in database.url is a configuration error: refuse before anything runs. A
   // database that cannot be reached now is not: the runner retries (and checks at each connect).
@@ -115,7 +116,8 @@ int run_relay(const config::Config& config) {
   } catch (const StoreUnavailable&) {
   }
 
-  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, runner_options.reconnect);
+  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, runner_options.reconnect,
+                        clock);
   ops.start([&store] { return store.lanes_owned(); });
   listener.start();
   std::promise<void> finished;

@@ -16,6 +16,18 @@ DatabaseConfig parse_database(Section& s) {
   c.url = s.string_or("url", "");
   c.channel = s.string_or("channel", c.channel);
   c.table = s.string_or("table", c.table);
+  if (auto b = s.section("reconnect")) {
+    c.reconnect.initial = b->duration_or("initial", c.reconnect.initial);
+    c.reconnect.max = b->duration_or("max", c.reconnect.max);
+    if (c.reconnect.initial < std::chrono::milliseconds{1}) {
+      throw ConfigError(b->key_path("initial") + ": expected a duration of at least 1ms, got " +
+                        format_duration(c.reconnect.initial));
+    }
+    if (c.reconnect.max < c.reconnect.initial) {
+      throw ConfigError(b->key_path("max") + ": must not be shorter than " + b->key_path("initial"));
+    }
+    b->finish();
+  }
   static const std::regex kIdentifier("[a-z_][a-z0-9_]{0,62}");
   if (!std::regex_match(c.channel, kIdentifier)) {
     throw ConfigError(s.key_path("channel") + ": expected a lower-case SQL identifier, got '" + c.channel + "'");
@@ -191,7 +203,12 @@ nlohmann::json describe(const Config& c) {
   nlohmann::json routes = nlohmann::json::array();
   for (const auto& r : c.routes) routes.push_back({{"topics", r.topics}, {"sinks", r.sinks}});
   return {
-      {"database", {{"url", "*****"}, {"channel", c.database.channel}, {"table", c.database.table}}},
+      {"database",
+       {{"url", "*****"},
+        {"channel", c.database.channel},
+        {"table", c.database.table},
+        {"reconnect",
+         {{"initial", format_duration(c.database.reconnect.initial)}, {"max", format_duration(c.database.reconnect.max)}}}}},
       {"relay",
        {{"batch_size", c.relay.batch_size},
         {"lease", format_duration(c.relay.lease)},

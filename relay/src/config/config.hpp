@@ -15,6 +15,9 @@ struct DatabaseConfig {
   std::string url;  // secret: never logged unmasked
   std::string channel = "outbox_wakeup";
   std::string table = "outbox_events";
+  // Reconnect backoff of the relay's sessions (work and LISTEN): initial doubling up to max, with
+  // jitter. An error that needs an operator (README "Database errors") waits max at once.
+  BackoffPolicy reconnect{std::chrono::milliseconds{500}, std::chrono::milliseconds{30'000}};
 };
 
 enum class OnSuccess { kMark, kDelete };

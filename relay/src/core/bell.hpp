@@ -10,21 +10,32 @@
 
 namespace outbox {
 
-class Bell {
+// How the runner and the reconnect loop wait: the Bell in production; in unit tests a fake that
+// moves a fake Clock to the deadline instead of sleeping. Deadlines are on the Clock's timeline.
+class Waiter {
+ public:
+  virtual ~Waiter() = default;
+  virtual bool stopped() const = 0;
+  // Blocks until rung, stopped or deadline. Returns the ring's source and clears it; nullopt on
+  // timeout or stop.
+  virtual std::optional<WakeSource> wait_until(std::chrono::steady_clock::time_point deadline) = 0;
+  // Sleeps until deadline or stop, ignoring rings (which stay set). Returns false if stopped.
+  virtual bool sleep_until(std::chrono::steady_clock::time_point deadline) = 0;
+  // Clears a pending ring without waiting: called right before a drain starts.
+  virtual void clear() = 0;
+};
+
+class Bell final : public Waiter {
  public:
   // Thread-safe.
   void ring(WakeSource source);
   // Asks the loop to stop; wakes every waiter. Thread-safe.
   void stop();
-  bool stopped() const;
+  bool stopped() const override;
 
-  // Blocks until rung, stopped or deadline. Returns the ring's source and clears it; nullopt on
-  // timeout or stop.
-  std::optional<WakeSource> wait_until(std::chrono::steady_clock::time_point deadline);
-  // Sleeps until deadline or stop, ignoring rings (which stay set). Returns false if stopped.
-  bool sleep_until(std::chrono::steady_clock::time_point deadline);
-  // Clears a pending ring without waiting: called right before a drain starts.
-  void clear();
+  std::optional<WakeSource> wait_until(std::chrono::steady_clock::time_point deadline) override;
+  bool sleep_until(std::chrono::steady_clock::time_point deadline) override;
+  void clear() override;
 
  private:
   mutable std::mutex mutex_;

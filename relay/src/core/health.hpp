@@ -2,6 +2,8 @@
 // Liveness facts shared between the loop, the LISTEN thread and the HTTP thread.
 #include <atomic>
 
+#include "core/db_error.hpp"
+
 namespace outbox {
 
 struct Health {
@@ -11,6 +13,9 @@ struct Health {
   // The last session opened on database.url shared its server backend with another session of
   // ours: a transaction-pooling proxy (postgres/pooler.hpp). The relay claims nothing then.
   std::atomic<bool> transaction_pooler{false};
+  // The class of the last failure of each session; read while it is down (/readyz reasons).
+  std::atomic<DbErrorClass> store_error{DbErrorClass::kTransient};
+  std::atomic<DbErrorClass> listener_error{DbErrorClass::kTransient};
 };
 
 }  // namespace outbox

@@ -3,6 +3,8 @@
 #include <cstddef>
 #include <string>
 
+#include "core/db_error.hpp"
+
 namespace outbox {
 
 // kPoll: a poll of the table found events (README "How wakeups work"); kNotify: a NOTIFY on the
@@ -19,6 +21,8 @@ class Metrics {
   virtual void dead_lettered(const std::string& /*sink*/) {}
   virtual void wakeup(WakeSource /*source*/) {}
   virtual void reconnected() {}
+  // A failed database operation of any session (work, LISTEN, gauges, retention), by class.
+  virtual void db_error(DbErrorClass /*kind*/) {}
   virtual void ready(bool /*is_ready*/) {}
   virtual void lanes_owned(int /*count*/) {}
 };

@@ -1,15 +1,20 @@
 #pragma once
 // Drives the loop: polls the store (Store::probe_claim) every poll_interval while events flow and
 // every idle_poll_interval once they stop; drains at once on a bell (LISTEN), a sweep tick, a due
-// retry or lanes gained, until a claim comes back short; reconnects with backoff when the store is
-// unavailable. README "How wakeups work".
+// retry or lanes gained, until a claim comes back short; reconnects with backoff (core/reconnect)
+// when the store fails. README "How wakeups work".
+//
+// Time and waiting come through the Clock and Waiter seams (the Bell in production), so unit tests
+// drive the schedule on one thread with a fake clock and no sleeps.
 #include <chrono>
 #include <functional>
 
 #include "core/backoff.hpp"
 #include "core/bell.hpp"
+#include "core/clock.hpp"
 #include "core/health.hpp"
 #include "core/loop.hpp"
+#include "core/reconnect.hpp"
 
 namespace outbox {
 
@@ -29,26 +34,35 @@ struct RunnerOptions {
 
 class Runner {
  public:
-  Runner(RelayLoop& loop, Store& store, Bell& bell, Metrics& metrics, Health& health,
+  // Everything is borrowed and must outlive the runner. jitter01 returns uniform numbers in [0, 1).
+  Runner(RelayLoop& loop, Store& store, Waiter& waiter, const Clock& clock, Metrics& metrics, Health& health,
          RunnerOptions options, std::function<double()> jitter01);
 
-  // Runs on the calling thread until bell.stop(). The batch in flight when stop arrives is
+  // Runs on the calling thread until the waiter stops. The batch in flight when stop arrives is
   // finished and completed before this returns. Never throws StoreUnavailable.
   void run();
 
  private:
+  using Time = Clock::SteadyTime;
+
+  // One connected session: connects, writes what a lost session left, takes its lanes, then
+  // drains and polls on schedule. Returns on stop; throws StoreUnavailable (Reconnect runs it
+  // again after the backoff).
+  void session();
   // Returns how many events were claimed.
   std::size_t drain(bool probe);
   void maybe_rebalance();
 
   RelayLoop& loop_;
   Store& store_;
-  Bell& bell_;
+  Waiter& waiter_;
+  const Clock& clock_;
   Metrics& metrics_;
   Health& health_;
   RunnerOptions options_;
-  std::function<double()> jitter01_;
-  std::chrono::steady_clock::time_point next_rebalance_{};
+  Reconnect reconnect_;
+  Time next_rebalance_{};
+  Time next_sweep_{};
 };
 
 }  // namespace outbox

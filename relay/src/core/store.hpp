@@ -6,14 +6,16 @@
 #include <string>
 #include <vector>
 
+#include "core/db_error.hpp"
 #include "core/event.hpp"
 
 namespace outbox {
 
-// The database is unreachable or the session was lost. The runner reconnects with backoff.
-class StoreUnavailable : public std::runtime_error {
+// The database is unreachable, the session was lost, or the database refuses the work (its class
+// says which). The runner reconnects with backoff.
+class StoreUnavailable : public DbError {
  public:
-  using std::runtime_error::runtime_error;
+  using DbError::DbError;
 };
 
 struct Completion {

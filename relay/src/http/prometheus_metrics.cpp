@@ -90,6 +90,12 @@ struct PrometheusMetrics::Impl {
                             .Help("Database sessions (work or LISTEN) restored after a loss")
                             .Register(registry)
                             .Add({});
+  Family<Counter>& db_errors = prometheus::BuildCounter()
+                                  .Name("outbox_relay_db_errors_total")
+                                  .Help("Failed database operations of any session, by class: transient (a "
+                                        "reconnect cures it), other (unlisted code, retried), privilege, "
+                                        "undefined_object, authentication, configuration (an operator has to act)")
+                                  .Register(registry);
   Gauge& ready_gauge = prometheus::BuildGauge()
                            .Name("outbox_relay_ready")
                            .Help("1 while the database and LISTEN sessions are up and every sink is usable")
@@ -126,6 +132,7 @@ struct PrometheusMetrics::Impl {
                                   .Register(registry);
   Histogram* claim = nullptr;
   std::array<Counter*, kWakeSources.size()> wakeup_by_source{};
+  std::array<Counter*, std::size(kAllDbErrorClasses)> db_error_by_class{};
   std::unordered_map<std::string, SinkSeries> sinks;  // written in the constructor only
 
   SinkSeries make_series(const std::string& sink) {
@@ -148,6 +155,9 @@ PrometheusMetrics::PrometheusMetrics(const std::vector<std::string>& sink_names,
   im.claim = &im.claim_family.Add({}, kClaimBuckets);
   for (std::size_t i = 0; i < kWakeSources.size(); ++i) {
     im.wakeup_by_source[i] = &im.wakeups.Add({{"source", wake_source_label(kWakeSources[i])}});
+  }
+  for (std::size_t i = 0; i < std::size(kAllDbErrorClasses); ++i) {
+    im.db_error_by_class[i] = &im.db_errors.Add({{"class", db_error_label(kAllDbErrorClasses[i])}});
   }
   for (const auto& name : sink_names) im.sinks.emplace(name, im.make_series(name));
   if (!im.sinks.count(kRelayLabel)) {
@@ -190,6 +200,12 @@ void PrometheusMetrics::wakeup(WakeSource source) {
 }
 
 void PrometheusMetrics::reconnected() { impl_->reconnects.Increment(); }
+
+void PrometheusMetrics::db_error(DbErrorClass kind) {
+  for (std::size_t i = 0; i < std::size(kAllDbErrorClasses); ++i) {
+    if (kAllDbErrorClasses[i] == kind) impl_->db_error_by_class[i]->Increment();
+  }
+}
 
 void PrometheusMetrics::ready(bool is_ready) { impl_->ready_gauge.Set(is_ready ? 1 : 0); }
 

@@ -39,6 +39,7 @@ class PrometheusMetrics final : public Metrics {
   void dead_lettered(const std::string& sink) override;
   void wakeup(WakeSource source) override;
   void reconnected() override;
+  void db_error(DbErrorClass kind) override;
   void ready(bool is_ready) override;
   void lanes_owned(int count) override;
 

@@ -3,6 +3,17 @@
 #include <nlohmann/json.hpp>
 
 namespace outbox::http {
+namespace {
+
+// "database session down" while a reconnect may cure it (or before the first connect);
+// "database session down: privilege" when the last failure was of a class that needs an operator.
+std::string session_down(const char* text, DbErrorClass last_error) {
+  std::string reason = text;
+  if (needs_operator(last_error)) reason += std::string(": ") + db_error_label(last_error);
+  return reason;
+}
+
+}  // namespace
 
 std::string Readiness::to_json(const char* key) const {
   nlohmann::json body{{key, ready}};
@@ -16,9 +27,9 @@ Readiness evaluate_readiness(const Health& health, const std::vector<const Sink*
   if (health.transaction_pooler.load()) {
     r.reasons.emplace_back("database.url leads to a transaction pooler: the relay needs a direct or session-pooled connection");
   } else if (!health.store_up.load()) {
-    r.reasons.emplace_back("database session down");
+    r.reasons.push_back(session_down("database session down", health.store_error.load()));
   }
-  if (!health.listener_up.load()) r.reasons.emplace_back("LISTEN session down");
+  if (!health.listener_up.load()) r.reasons.push_back(session_down("LISTEN session down", health.listener_error.load()));
   for (const Sink* sink : sinks) {
     if (!sink->usable()) r.reasons.push_back("sink '" + sink->name() + "' not usable");
   }

@@ -19,7 +19,8 @@ struct Readiness {
 };
 
 // Ready = the work session is up, the LISTEN session is up, every sink is usable, and the relay
-// is not shutting down. Thread-safe (reads atomics and Sink::usable()).
+// is not shutting down. A session down for a class of error that needs an operator names the
+// class ("database session down: privilege"). Thread-safe (reads atomics and Sink::usable()).
 Readiness evaluate_readiness(const Health& health, const std::vector<const Sink*>& sinks, bool stopping);
 
 // Live = the loop thread is inside its run loop.

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "postgres/session.hpp"
+#include "postgres/sqlstate.hpp"
 
 namespace outbox::pg {
 namespace {
@@ -28,8 +29,16 @@ void background_session(std::unique_ptr<pqxx::connection>& conn, const std::stri
   conn = std::move(fresh);
 }
 
-[[noreturn]] void fail(const char* what, const std::exception& e) {
-  throw std::runtime_error(std::string(what) + " failed: " + describe_error(e));
+// A DbError of the failure's class; for a class that needs an operator the message ends with the
+// hint, so that a command line user sees what to do.
+[[noreturn]] void fail(const char* what, const std::exception& e, const std::string& url, const std::string& table) {
+  throw admin_failure(what, e, url, table);
+}
+
+// The relay's own timers log the hint as a field of its own.
+[[noreturn]] void fail_quietly(const char* what, const std::exception& e, const std::string& url,
+                               const std::string& table) {
+  throw admin_failure(what, e, url, table, false);
 }
 
 // Runs one batched write until a batch comes back short. `batch` runs in its own transaction,
@@ -54,6 +63,15 @@ IdRanges in_batches(pqxx::connection& conn, long long cursor, Batch&& batch) {
 
 }  // namespace
 
+DbError admin_failure(const char* what, const std::exception& e, const std::string& url, const std::string& table,
+                      bool hint_in_message) {
+  const DbErrorClass kind = classify_error(e);
+  std::string hint = operator_hint(kind, url_user(url), table);
+  std::string message = std::string(what) + " failed: " + describe_error(e);
+  if (hint_in_message && !hint.empty()) message += "; hint: " + hint;
+  return DbError(message, kind, std::move(hint));
+}
+
 StatusReport query_status(const std::string& url, const std::string& table) {
   try {
     auto conn = open_session(url, "status");
@@ -77,7 +95,7 @@ StatusReport query_status(const std::string& url, const std::string& table) {
     }
     return report;
   } catch (const std::exception& e) {
-    fail("status", e);
+    fail("status", e, url, table);
   }
 }
 
@@ -132,7 +150,7 @@ DeadLetterPage list_dead_letters(const std::string& url, const std::string& tabl
     if (page.rows.empty() && limit > 0) page.total = 0;
     return page;
   } catch (const std::exception& e) {
-    fail("failed list", e);
+    fail("failed list", e, url, table);
   }
 }
 
@@ -156,7 +174,7 @@ IdRanges retry_dead_letters(const std::string& url, const std::string& table, co
       return rows;
     });
   } catch (const std::exception& e) {
-    fail("failed retry", e);
+    fail("failed retry", e, url, table);
   }
 }
 
@@ -176,7 +194,7 @@ IdRanges purge_dead_letters(const std::string& url, const std::string& table, st
           static_cast<long long>(kAdminBatch));
     });
   } catch (const std::exception& e) {
-    fail("failed purge", e);
+    fail("failed purge", e, url, table);
   }
 }
 
@@ -198,18 +216,20 @@ IdRanges replay_processed(const std::string& url, const std::string& table, cons
       return rows;
     });
   } catch (const std::exception& e) {
-    fail("replay", e);
+    fail("replay", e, url, table);
   }
 }
 
 struct BacklogProbe::Impl {
   std::string url;
+  std::string table;
   std::string sql;
   std::unique_ptr<pqxx::connection> conn;
 };
 
 BacklogProbe::BacklogProbe(std::string url, std::string table) : impl_(std::make_unique<Impl>()) {
   impl_->url = std::move(url);
+  impl_->table = table;
   // Count over the pending partial index; the oldest pending row is the lowest pending id
   // (ids and created_at both come from the insert, and writers cannot set created_at), which
   // the same index finds without a scan.
@@ -231,12 +251,13 @@ BacklogProbe::Reading BacklogProbe::read() {
     return {row[0].as<long long>(), row[1].as<double>(), row[2].as<double>()};
   } catch (const std::exception& e) {
     im.conn.reset();
-    fail("backlog query", e);
+    fail_quietly("backlog query", e, im.url, im.table);
   }
 }
 
 struct RetentionSweeper::Impl {
   std::string url;
+  std::string table;
   std::string sql;
   std::size_t batch = kAdminBatch;
   std::unique_ptr<pqxx::connection> conn;
@@ -245,6 +266,7 @@ struct RetentionSweeper::Impl {
 RetentionSweeper::RetentionSweeper(std::string url, std::string table, std::size_t batch)
     : impl_(std::make_unique<Impl>()) {
   impl_->url = std::move(url);
+  impl_->table = table;
   impl_->batch = batch;
   // The inner SELECT walks the processed_at index from the oldest row; SKIP LOCKED passes over
   // rows an operator command holds. dead_lettered_at IS NULL is implied (dead letters are never
@@ -270,7 +292,7 @@ std::size_t RetentionSweeper::delete_batch(std::chrono::milliseconds older_than)
     return static_cast<std::size_t>(result.affected_rows());
   } catch (const std::exception& e) {
     im.conn.reset();
-    fail("retention", e);
+    fail_quietly("retention", e, im.url, im.table);
   }
 }
 

@@ -10,7 +10,9 @@
 // Retry and replay NOTIFY the relay's channel in each batch's transaction, so a running relay
 // picks the rows up at once.
 //
-// Errors: std::runtime_error with the password masked.
+// Errors: DbError (a std::runtime_error) with the password masked, the failure's class and, for a
+// class that needs an operator (README "Database errors"), the hint, which the operator commands'
+// messages end with ("; hint: ...").
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -19,7 +21,14 @@
 #include <utility>
 #include <vector>
 
+#include "core/db_error.hpp"
+
 namespace outbox::pg {
+
+// The DbError the functions below throw: "<what> failed: <error>[; hint: <hint>]" (BacklogProbe
+// and RetentionSweeper leave the hint out of the message: the relay logs it as a field).
+DbError admin_failure(const char* what, const std::exception& e, const std::string& url, const std::string& table,
+                      bool hint_in_message = true);
 
 inline constexpr std::size_t kAdminBatch = 5000;
 
@@ -111,7 +120,7 @@ class BacklogProbe {
   BacklogProbe(const BacklogProbe&) = delete;
   BacklogProbe& operator=(const BacklogProbe&) = delete;
 
-  Reading read();  // throws std::runtime_error; the session is dropped and reopened next time
+  Reading read();  // throws DbError; the session is dropped and reopened next time
 
  private:
   struct Impl;
@@ -129,7 +138,7 @@ class RetentionSweeper {
   RetentionSweeper& operator=(const RetentionSweeper&) = delete;
 
   // Deletes one batch; returns the rows deleted (less than the batch size: nothing more is due).
-  // Throws std::runtime_error; the session is dropped and reopened next time.
+  // Throws DbError; the session is dropped and reopened next time.
   std::size_t delete_batch(std::chrono::milliseconds older_than);
   std::size_t batch_size() const;
 

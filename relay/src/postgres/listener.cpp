@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "core/reconnect.hpp"
 #include "log/log.hpp"
 #include "postgres/pooler.hpp"
 #include "postgres/session.hpp"
@@ -22,13 +23,14 @@ class Receiver final : public pqxx::notification_receiver {
 }  // namespace
 
 Listener::Listener(std::string url, std::string channel, Bell& bell, Health& health, Metrics& metrics,
-                   BackoffPolicy reconnect)
+                   BackoffPolicy reconnect, const Clock& clock)
     : url_(std::move(url)),
       channel_(std::move(channel)),
       bell_(bell),
       health_(health),
       metrics_(metrics),
-      reconnect_(reconnect) {}
+      reconnect_(reconnect),
+      clock_(clock) {}
 
 Listener::~Listener() { join(); }
 
@@ -41,33 +43,22 @@ void Listener::start() { thread_ = std::thread([this] { run(); }); }
 void Listener::run() {
   std::mt19937 rng{std::random_device{}()};
   std::uniform_real_distribution<double> jitter(0.0, 1.0);
-  int failures = 0;
-  while (!bell_.stopped()) {
-    try {
+  const HintContext hints{url_user(url_), {}};
+  Reconnect reconnect({"listener", "LISTEN session lost, will reconnect", "LISTEN session restored"}, reconnect_,
+                      bell_, clock_, metrics_, health_.listener_up, health_.listener_error,
+                      [&] { return jitter(rng); });
+  reconnect.run([&] {
+    translate_errors("LISTEN session", [&] {
       auto conn = open_session(url_, "listener");
       ensure_own_backend(*conn, url_);  // LISTEN on a pooled backend would hear nothing for us
       Receiver receiver(*conn, channel_, bell_);  // issues LISTEN, committed at once
-      health_.listener_up = true;
-      if (failures > 0) {
-        metrics_.reconnected();
-        log::info("LISTEN session restored", {{"channel", channel_}, {"after_attempts", failures}});
-      } else {
-        log::info("listening", {{"channel", channel_}});
-      }
-      failures = 0;
+      if (reconnect.connected() == 0) log::info("listening", {{"channel", channel_}});
       bell_.ring(WakeSource::kStartup);  // catch up on whatever was committed before LISTEN
       while (!bell_.stopped()) {
         conn->await_notification(0, 200'000);  // returns early on a notification or stop check
       }
-    } catch (const std::exception& e) {
-      health_.listener_up = false;
-      ++failures;
-      const auto delay = backoff_delay(reconnect_, failures, jitter(rng));
-      log::warn("LISTEN session lost, will reconnect",
-                {{"error", describe_error(e)}, {"attempt", failures}, {"retry_in_ms", delay.count()}});
-      bell_.sleep_until(std::chrono::steady_clock::now() + delay);
-    }
-  }
+    }, hints);
+  });
   health_.listener_up = false;
 }
 

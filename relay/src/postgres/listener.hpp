@@ -2,12 +2,14 @@
 // The dedicated LISTEN session: its own thread and connection, LISTEN and nothing else.
 // Order at start and after every reconnect: LISTEN (autocommit), then ring the bell so the loop
 // catches up from the table. A notification only rings the bell; it carries no data.
+// Reconnects through core/reconnect.hpp, like the work session.
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "core/backoff.hpp"
 #include "core/bell.hpp"
+#include "core/clock.hpp"
 #include "core/health.hpp"
 #include "core/metrics.hpp"
 
@@ -15,8 +17,9 @@ namespace outbox::pg {
 
 class Listener {
  public:
+  // Everything is borrowed and must outlive the listener; the clock is read on its thread.
   Listener(std::string url, std::string channel, Bell& bell, Health& health, Metrics& metrics,
-           BackoffPolicy reconnect);
+           BackoffPolicy reconnect, const Clock& clock);
   ~Listener();  // joins; the thread ends once the bell is stopped
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
@@ -34,6 +37,7 @@ class Listener {
   Health& health_;
   Metrics& metrics_;
   BackoffPolicy reconnect_;
+  const Clock& clock_;
   std::thread thread_;
 };
 

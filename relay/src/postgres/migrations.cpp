@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "postgres/admin.hpp"
 #include "postgres/pg_store.hpp"
 #include "postgres/session.hpp"
 
@@ -15,6 +16,16 @@ void replace_all(std::string& text, const std::string& from, const std::string& 
   for (std::size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos + to.size())) {
     text.replace(pos, from.size(), to);
   }
+}
+
+// As admin_failure, except that migrate's own privileges are not the relay's: it creates the
+// table, its functions and the roles.
+DbError migrate_failure(const std::exception& e, const std::string& url, const std::string& table) {
+  if (classify_error(e) != DbErrorClass::kPrivilege) return admin_failure("migrate", e, url, table);
+  const std::string hint =
+      "migrate creates the table, its functions and the roles outbox_writer and outbox_relay: run it as the table's "
+      "owner or a role with CREATE on the schema and CREATEROLE (not as the relay's own role)";
+  return DbError("migrate failed: " + describe_error(e) + "; hint: " + hint, DbErrorClass::kPrivilege, hint);
 }
 
 }  // namespace
@@ -59,7 +70,7 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
       tx.commit();
       return result;
     } catch (const pqxx::sql_error& e) {
-      if (e.sqlstate() != "55P03") throw std::runtime_error("migrate failed: " + describe_error(e));
+      if (e.sqlstate() != "55P03") throw migrate_failure(e, url, table);
       if (attempt >= kMigrateLockTries) {
         throw std::runtime_error("migrate failed: the table stayed locked by other transactions through " +
                                  std::to_string(kMigrateLockTries) +
@@ -70,7 +81,7 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
       static thread_local std::mt19937 rng{std::random_device{}()};
       std::this_thread::sleep_for(kMigrateRetryPause + std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 99)(rng)));
     } catch (const std::exception& e) {
-      throw std::runtime_error("migrate failed: " + describe_error(e));
+      throw migrate_failure(e, url, table);
     }
   }
 }

@@ -47,6 +47,7 @@ std::string rfc3339_utc(long long epoch_us) {
 
 struct PgStore::Impl {
   PgStoreOptions opt;
+  HintContext hints;  // names for the operator's hint
   std::unique_ptr<pqxx::connection> conn;       // claims, lanes, membership: the loop thread
   std::unique_ptr<pqxx::connection> done_conn;  // complete(): may run beside a claim
   int member_ns = 0;
@@ -198,6 +199,7 @@ bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
 
 PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->opt = std::move(options);
+  impl_->hints = {url_user(impl_->opt.url), impl_->opt.table};
   const std::string& t = impl_->opt.table;
   impl_->member_ns = advisory_key("outbox-relay:members:" + t);
   impl_->lane_ns = advisory_key("outbox-relay:lanes:" + t);
@@ -293,7 +295,8 @@ void PgStore::connect() {
       q.exec0("SET enable_seqscan = off");
       const auto seq = q.exec_params1("SELECT pg_get_serial_sequence($1, 'id')", impl_->opt.table);
       if (seq[0].is_null()) {
-        throw StoreUnavailable("table " + impl_->opt.table + " has no id sequence: run `outbox-relay migrate`");
+        throw StoreUnavailable("table " + impl_->opt.table + " has no id sequence: run `outbox-relay migrate`",
+                               DbErrorClass::kUndefinedObject);
       }
       impl_->sequence = seq[0].as<std::string>();
     }
@@ -312,7 +315,7 @@ void PgStore::connect() {
     }
     impl_->conn = std::move(conn);
     impl_->set_owned({});
-  });
+  }, impl_->hints);
 }
 
 bool PgStore::rebalance() {
@@ -372,8 +375,10 @@ bool PgStore::rebalance() {
       }
       im.set_owned(std::move(owned));
       return !gained.empty();
-    });
-    if (!im.claim_fn) im.claim_fn = translate_errors("rebalance", [&] { return im.find_claim_function(*im.conn, false); });
+    }, im.hints);
+    if (!im.claim_fn) {
+      im.claim_fn = translate_errors("rebalance", [&] { return im.find_claim_function(*im.conn, false); }, im.hints);
+    }
     return gained_any;
   } catch (const StoreUnavailable&) {
     im.drop();
@@ -400,7 +405,7 @@ std::vector<Event> PgStore::claim_or_probe(std::size_t limit, bool probe, std::s
       auto events = im.claim_fn ? im.claim_with_function(limit, probe, completions) : im.claim_with_statements(limit);
       std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.id < b.id; });
       return events;
-    });
+    }, im.hints);
   } catch (const StoreUnavailable&) {
     im.drop();
     throw;
@@ -478,7 +483,7 @@ void PgStore::complete(std::span<const Completion> completions) {
       }
       pqxx::nontransaction tx(*im.done_conn);
       tx.exec_prepared1("complete", encoded.delivered, encoded.others);
-    });
+    }, im.hints);
   } catch (const StoreUnavailable&) {
     im.done_conn.reset();  // only this session: a claim may be using the other one
     throw;
@@ -495,7 +500,7 @@ bool PgStore::release_leases() {
                          " SET lease_owner = NULL, lease_until = NULL "
                          "WHERE lease_owner = $1 AND processed_at IS NULL AND dead_lettered_at IS NULL",
                      im.opt.instance_id);
-    });
+    }, im.hints);
     return true;
   } catch (const StoreUnavailable& e) {
     log::warn("could not release leases at shutdown; they expire on their own", {{"error", e.what()}});

@@ -3,17 +3,19 @@
 
 #include "core/store.hpp"
 #include "log/log.hpp"
+#include "postgres/sqlstate.hpp"
 
 namespace outbox::pg {
 
 template <class Fn>
-auto translate_errors(const char* what, Fn&& fn) -> decltype(fn()) {
+auto translate_errors(const char* what, Fn&& fn, const HintContext& hints) -> decltype(fn()) {
   try {
     return fn();
-  } catch (const StoreUnavailable&) {
-    throw;
+  } catch (const StoreUnavailable& e) {
+    if (!e.hint().empty() || !needs_operator(e.kind())) throw;
+    throw StoreUnavailable(e.what(), e.kind(), operator_hint(e.kind(), hints.user, hints.table));
   } catch (const std::exception& e) {
-    throw StoreUnavailable(std::string(what) + ": " + describe_error(e));
+    throw store_failure(what, e, hints);
   }
 }
 

@@ -191,3 +191,18 @@ TEST_CASE("database.table and --table share one rule") {
   CHECK(error_of("database: {url: postgresql://x/db, table: 'a.b.c'}" + sinks) ==
         "database.table: expected a lower-case table name (optionally schema.table), got 'a.b.c'");
 }
+
+TEST_CASE("database.reconnect: the sessions' reconnect backoff, checked") {
+  const std::string base = "sinks: [{name: out, type: stdout}]\ndatabase:\n  url: postgresql://x/db\n";
+  const Config d = parse_config(base, env_of({}));
+  CHECK(d.database.reconnect.initial == milliseconds(500));
+  CHECK(d.database.reconnect.max == milliseconds(30'000));
+  const Config c = parse_config(base + "  reconnect: {initial: 100ms, max: 2s}\n", env_of({}));
+  CHECK(c.database.reconnect.initial == milliseconds(100));
+  CHECK(c.database.reconnect.max == milliseconds(2'000));
+  CHECK(error_of(base + "  reconnect: {initial: 2s, max: 1s}\n") ==
+        "database.reconnect.max: must not be shorter than database.reconnect.initial");
+  CHECK(error_of(base + "  reconnect: {initial: 0ms}\n") ==
+        "database.reconnect.initial: expected a duration of at least 1ms, got 0s");
+  CHECK(error_of(base + "  reconnect: {maximum: 1s}\n").find("database.reconnect.maximum") != std::string::npos);
+}

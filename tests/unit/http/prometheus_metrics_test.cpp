@@ -45,6 +45,10 @@ TEST_CASE("configured sinks start at zero, with build_info") {
   for (const char* source : {"notify", "sweep", "retry", "startup"}) {
     CHECK(s.at(std::string("outbox_relay_wakeups_total{source=\"") + source + "\"}") == "0");
   }
+  for (const char* kind :
+       {"transient", "other", "privilege", "undefined_object", "authentication", "configuration"}) {
+    CHECK(s.at(std::string("outbox_relay_db_errors_total{class=\"") + kind + "\"}") == "0");
+  }
 }
 
 TEST_CASE("the loop's calls land in the right series") {
@@ -61,6 +65,9 @@ TEST_CASE("the loop's calls land in the right series") {
   m.wakeup(WakeSource::kNotify);
   m.wakeup(WakeSource::kSweep);
   m.reconnected();
+  m.db_error(DbErrorClass::kPrivilege);
+  m.db_error(DbErrorClass::kPrivilege);
+  m.db_error(DbErrorClass::kTransient);
   m.ready(true);
   m.lanes_owned(32);
   m.backlog({42, 12.5, 0.25});
@@ -81,6 +88,9 @@ TEST_CASE("the loop's calls land in the right series") {
   CHECK(s.at("outbox_relay_wakeups_total{source=\"notify\"}") == "2");
   CHECK(s.at("outbox_relay_wakeups_total{source=\"sweep\"}") == "1");
   CHECK(s.at("outbox_relay_db_reconnects_total") == "1");
+  CHECK(s.at("outbox_relay_db_errors_total{class=\"privilege\"}") == "2");
+  CHECK(s.at("outbox_relay_db_errors_total{class=\"transient\"}") == "1");
+  CHECK(s.at("outbox_relay_db_errors_total{class=\"authentication\"}") == "0");
   CHECK(s.at("outbox_relay_ready") == "1");
   CHECK(s.at("outbox_relay_lanes_owned") == "32");
   CHECK(s.at("outbox_relay_pending_events") == "42");

@@ -70,6 +70,30 @@ TEST_CASE("a transaction pooler behind database.url is named, not reported as a 
   CHECK(r.reasons == std::vector<std::string>{"database session down"});
 }
 
+TEST_CASE("a session down for an error that needs an operator names the class; a transient one does not") {
+  Health h;
+  h.store_error = DbErrorClass::kTransient;
+  h.listener_error = DbErrorClass::kOther;
+  auto r = http::evaluate_readiness(h, {}, false);
+  CHECK(r.reasons == std::vector<std::string>{"database session down", "LISTEN session down"});
+
+  h.store_error = DbErrorClass::kPrivilege;
+  h.listener_error = DbErrorClass::kAuthentication;
+  r = http::evaluate_readiness(h, {}, false);
+  CHECK(r.reasons ==
+        std::vector<std::string>{"database session down: privilege", "LISTEN session down: authentication"});
+  h.store_error = DbErrorClass::kUndefinedObject;
+  h.listener_error = DbErrorClass::kConfiguration;
+  r = http::evaluate_readiness(h, {}, false);
+  CHECK(r.reasons == std::vector<std::string>{"database session down: undefined_object",
+                                              "LISTEN session down: configuration"});
+
+  // Up again: the last error's class no longer shows.
+  h.store_up = true;
+  h.listener_up = true;
+  CHECK(http::evaluate_readiness(h, {}, false).ready);
+}
+
 TEST_CASE("alive while the loop runs, whatever the database does") {
   Health h;
   CHECK_FALSE(http::evaluate_liveness(h).ready);

@@ -1,0 +1,327 @@
+// The runner's schedule against a fake store, a fake clock and a fake waiter that moves the clock
+// to each deadline: one thread, no sleeps. The loop is the real RelayLoop.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <set>
+
+#include "core/runner.hpp"
+
+using namespace outbox;
+using std::chrono::milliseconds;
+using Time = Clock::SteadyTime;
+
+namespace {
+
+class FakeClock final : public Clock {
+ public:
+  Time now() const override { return t; }
+  std::int64_t wall_us() const override { return 1'000'000; }
+  Time t{};
+};
+
+Time at(long long ms) { return Time{} + milliseconds(ms); }
+long long ms_of(Time t) { return std::chrono::duration_cast<milliseconds>(t - Time{}).count(); }
+
+// Waiting moves the fake clock to the deadline, or to the next scripted ring before it. Stops
+// once time would reach stop_at.
+class FakeWaiter final : public Waiter {
+ public:
+  explicit FakeWaiter(FakeClock& clock) : clock_(clock) {}
+  bool stopped() const override { return stopped_; }
+  std::optional<WakeSource> wait_until(Time deadline) override {
+    if (++calls > 1'000'000) FAIL("the runner spins");
+    Time next = deadline;
+    if (!rings.empty()) next = std::min(next, rings.begin()->first);
+    if (next >= stop_at) return stop();
+    clock_.t = std::max(clock_.t, next);
+    if (!rings.empty() && rings.begin()->first <= clock_.t) {
+      const auto source = rings.begin()->second;
+      rings.erase(rings.begin());
+      return source;
+    }
+    return std::nullopt;
+  }
+  bool sleep_until(Time deadline) override {
+    sleeps.push_back(deadline - clock_.t);
+    if (deadline >= stop_at) {
+      stop();
+      return false;
+    }
+    clock_.t = deadline;
+    return true;
+  }
+  void clear() override {
+    while (!rings.empty() && rings.begin()->first <= clock_.t) rings.erase(rings.begin());
+  }
+
+  std::multimap<Time, WakeSource> rings;
+  Time stop_at = at(60'000);
+  std::vector<Clock::SteadyTime::duration> sleeps;  // each backoff sleep
+  long calls = 0;
+
+ private:
+  std::nullopt_t stop() {
+    clock_.t = std::max(clock_.t, stop_at);
+    stopped_ = true;
+    return std::nullopt;
+  }
+  FakeClock& clock_;
+  bool stopped_ = false;
+};
+
+// Records when each claim (a full drain) and poll ran; failures are scripted per call.
+class FakeStore final : public Store {
+ public:
+  explicit FakeStore(const FakeClock& clock) : clock_(clock) {}
+  void connect() override {
+    ++connects;
+    if (!connect_failures.empty()) {
+      const auto kind = connect_failures.front();
+      connect_failures.pop_front();
+      throw StoreUnavailable("connect failed", kind, "do something");
+    }
+  }
+  bool rebalance() override {
+    rebalances.push_back(clock_.t);
+    return gain_at_rebalance.count(rebalances.size()) > 0;
+  }
+  std::vector<Event> claim(std::size_t /*limit*/) override {
+    claims.push_back(clock_.t);
+    return next_batch();
+  }
+  std::vector<Event> probe_claim(std::size_t /*limit*/, std::span<const Completion> c) override {
+    probes.push_back(clock_.t);
+    if (fail_probe_at.count(probes.size())) throw StoreUnavailable("connection lost");
+    completed.insert(completed.end(), c.begin(), c.end());
+    return next_batch();
+  }
+  void complete(std::span<const Completion> c) override { completed.insert(completed.end(), c.begin(), c.end()); }
+  bool waiting_for_writers() const override { return fenced; }
+
+  std::vector<Event> next_batch() {
+    if (batches.empty()) return {};
+    auto batch = std::move(batches.front());
+    batches.pop_front();
+    return batch;
+  }
+
+  std::deque<std::vector<Event>> batches;
+  std::deque<DbErrorClass> connect_failures;
+  std::set<std::size_t> gain_at_rebalance;  // 1-based rebalance calls that gain lanes
+  std::set<std::size_t> fail_probe_at;      // 1-based polls that lose the session
+  bool fenced = false;
+  int connects = 0;
+  std::vector<Time> claims, probes, rebalances;
+  std::vector<Completion> completed;
+
+ private:
+  const FakeClock& clock_;
+};
+
+class RetryingSink final : public Sink {
+ public:
+  const std::string& name() const override { return name_; }
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    std::vector<Outcome> out;
+    for (const Event* e : events) {
+      out.push_back(retry_ids.count(e->id) ? Outcome::retry("busy") : Outcome::delivered());
+      retry_ids.erase(e->id);  // once
+    }
+    return out;
+  }
+  std::set<EventId> retry_ids;
+
+ private:
+  std::string name_ = "a";
+};
+
+class CountingMetrics final : public Metrics {
+ public:
+  void wakeup(WakeSource source) override { ++wakeups[source]; }
+  void reconnected() override { ++reconnects; }
+  void db_error(DbErrorClass kind) override { ++db_errors[kind]; }
+  std::map<WakeSource, int> wakeups;
+  std::map<DbErrorClass, int> db_errors;
+  int reconnects = 0;
+};
+
+Event event(EventId id) {
+  Event e;
+  e.id = id;
+  e.topic = "order.paid";
+  e.key = "k" + std::to_string(id);
+  e.payload = "{}";
+  e.headers_json = "{}";
+  return e;
+}
+
+struct Fixture {
+  FakeClock clock;
+  FakeWaiter waiter{clock};
+  FakeStore store{clock};
+  RetryingSink sink;
+  CountingMetrics metrics;
+  Health health;
+  Router router{{}, 1};
+  RelayLoop loop{store,   {&sink}, router, clock, metrics, LoopOptions{500, 5, {milliseconds(100), milliseconds(1000)}},
+                 [] { return 0.0; }};
+  RunnerOptions options;
+
+  Fixture() {
+    options.sweep_interval = milliseconds(30'000);
+    options.rebalance_interval = milliseconds(5'000);
+    options.poll_interval = milliseconds(5);
+    options.idle_poll_interval = milliseconds(100);
+    options.idle_after = milliseconds(2'000);
+    options.reconnect = {milliseconds(500), milliseconds(30'000)};
+  }
+  void run() {
+    Runner runner(loop, store, waiter, clock, metrics, health, options, [] { return 0.0; });
+    runner.run();
+  }
+};
+
+std::vector<long long> ms_list(const std::vector<Time>& times) {
+  std::vector<long long> out;
+  for (Time t : times) out.push_back(ms_of(t));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("runner: catches up at start, then a sweep drains every sweep_interval") {
+  Fixture f;
+  f.waiter.stop_at = at(65'000);
+  f.run();
+  CHECK(ms_list(f.store.claims) == std::vector<long long>{0, 30'000, 60'000});
+  CHECK(f.metrics.wakeups[WakeSource::kSweep] == 2);
+  CHECK(f.health.loop_running.load() == false);
+  CHECK(f.health.store_up.load());
+}
+
+TEST_CASE("runner: idle polls slow down by half each poll to idle_poll_interval") {
+  Fixture f;
+  f.waiter.stop_at = at(3'000);
+  f.run();
+  const auto polls = ms_list(f.store.probes);
+  REQUIRE(polls.size() > 10);
+  // Every 5 ms until idle_after (2 s) without events ...
+  CHECK(polls[0] == 5);
+  CHECK(polls[1] == 10);
+  CHECK(std::count_if(polls.begin(), polls.end(), [](long long t) { return t <= 2'000; }) == 400);
+  // ... then 7, 10, 15, ... ms apart, up to 100 ms.
+  std::vector<long long> gaps;
+  for (std::size_t i = 1; i < polls.size(); ++i) gaps.push_back(polls[i] - polls[i - 1]);
+  CHECK(gaps[399] == 7);
+  CHECK(gaps[400] == 10);
+  CHECK(gaps.back() == 100);
+  CHECK(f.store.claims.size() == 1);  // only the catch-up: polls are not drains
+}
+
+TEST_CASE("runner: while a claim is fenced by an open writer, polls stay at poll_interval") {
+  Fixture f;
+  f.store.fenced = true;
+  f.waiter.stop_at = at(3'000);
+  f.run();
+  const auto polls = ms_list(f.store.probes);
+  REQUIRE(polls.size() == 599);  // 5, 10, ..., 2995
+  for (std::size_t i = 1; i < polls.size(); ++i) REQUIRE(polls[i] - polls[i - 1] == 5);
+}
+
+TEST_CASE("runner: a due retry drains at once, without waiting for a poll or a sweep") {
+  Fixture f;
+  f.options.idle_poll_interval = milliseconds(10'000);
+  f.options.poll_interval = milliseconds(10'000);
+  f.store.batches.push_back({event(1)});
+  f.sink.retry_ids = {1};
+  f.waiter.stop_at = at(1'000);
+  f.run();
+  // Backoff 100 ms with jitter 0: 50 ms, plus the loop's 20 ms slack, counted from the complete at 0.
+  CHECK(ms_list(f.store.claims) == std::vector<long long>{0, 70});
+  CHECK(f.metrics.wakeups[WakeSource::kRetry] == 1);
+  REQUIRE(f.store.completed.size() == 1);
+  CHECK(f.store.completed[0].kind == Completion::Kind::kRetry);
+}
+
+TEST_CASE("runner: a bell drains at once; lanes gained at a rebalance are drained at once") {
+  Fixture f;
+  f.options.poll_interval = milliseconds(10'000);
+  f.options.idle_poll_interval = milliseconds(10'000);
+  f.store.gain_at_rebalance = {3};  // at start, 5 s, then 10 s gains lanes
+  f.waiter.rings.emplace(at(1'234), WakeSource::kNotify);
+  f.waiter.stop_at = at(12'000);
+  f.run();
+  CHECK(ms_list(f.store.rebalances) == std::vector<long long>{0, 5'000, 10'000});
+  CHECK(ms_list(f.store.claims) == std::vector<long long>{0, 1'234, 10'000});
+  CHECK(f.metrics.wakeups[WakeSource::kNotify] == 1);
+}
+
+TEST_CASE("runner: a lost session reconnects with exponential backoff and catches up") {
+  Fixture f;
+  f.store.connect_failures = {DbErrorClass::kTransient, DbErrorClass::kTransient, DbErrorClass::kTransient};
+  f.waiter.stop_at = at(10'000);
+  f.run();
+  // initial 500 ms doubling, equal jitter at 0: half of 500, 1000, 2000.
+  REQUIRE(f.waiter.sleeps.size() == 3);
+  CHECK(f.waiter.sleeps[0] == milliseconds(250));
+  CHECK(f.waiter.sleeps[1] == milliseconds(500));
+  CHECK(f.waiter.sleeps[2] == milliseconds(1'000));
+  CHECK(f.store.connects == 4);
+  CHECK(ms_list(f.store.rebalances).front() == 1'750);
+  CHECK(ms_list(f.store.claims).front() == 1'750);  // caught up as soon as it was back
+  CHECK(f.metrics.db_errors[DbErrorClass::kTransient] == 3);
+  CHECK(f.metrics.reconnects == 1);
+  CHECK(f.health.store_up.load());
+}
+
+TEST_CASE("runner: the backoff starts over after a session worked; a lost poll reconnects too") {
+  Fixture f;
+  f.store.fail_probe_at = {1, 2};  // the first two polls lose the session
+  f.waiter.stop_at = at(5'000);
+  f.run();
+  REQUIRE(f.waiter.sleeps.size() == 2);
+  CHECK(f.waiter.sleeps[0] == milliseconds(250));
+  CHECK(f.waiter.sleeps[1] == milliseconds(250));  // not 500: the session in between worked
+  CHECK(f.store.connects == 3);
+  CHECK(f.metrics.reconnects == 2);
+}
+
+TEST_CASE("runner: an error that needs an operator waits the cap at once, marks the class, recovers by itself") {
+  Fixture f;
+  f.store.connect_failures = {DbErrorClass::kPrivilege, DbErrorClass::kPrivilege};
+  f.options.reconnect = {milliseconds(500), milliseconds(4'000)};
+  SUBCASE("down while failing") {
+    f.waiter.stop_at = at(3'000);
+    f.run();
+    REQUIRE(f.waiter.sleeps.size() == 2);  // the second ends past stop_at
+    CHECK(f.waiter.sleeps[0] == milliseconds(2'000));  // the cap, with equal jitter at 0
+    CHECK_FALSE(f.health.store_up.load());
+    CHECK(f.health.store_error.load() == DbErrorClass::kPrivilege);
+    CHECK(f.store.claims.empty());
+  }
+  SUBCASE("up once fixed") {
+    f.waiter.stop_at = at(10'000);
+    f.run();
+    REQUIRE(f.waiter.sleeps.size() == 2);
+    CHECK(f.waiter.sleeps[1] == milliseconds(2'000));
+    CHECK(f.metrics.db_errors[DbErrorClass::kPrivilege] == 2);
+    CHECK(f.metrics.reconnects == 1);
+    CHECK(f.health.store_up.load());
+    CHECK(ms_list(f.store.claims).front() == 4'000);
+  }
+}
+
+TEST_CASE("reconnect_delay: exponential for transient and other, the cap at once when an operator must act") {
+  const BackoffPolicy p{milliseconds(500), milliseconds(30'000)};
+  CHECK(reconnect_delay(p, 1, DbErrorClass::kTransient, 0.0) == milliseconds(250));
+  CHECK(reconnect_delay(p, 3, DbErrorClass::kOther, 1.0) == milliseconds(2'000));
+  CHECK(reconnect_delay(p, 30, DbErrorClass::kTransient, 1.0) == milliseconds(30'000));
+  for (auto kind : {DbErrorClass::kPrivilege, DbErrorClass::kUndefinedObject, DbErrorClass::kAuthentication,
+                    DbErrorClass::kConfiguration}) {
+    CHECK(reconnect_delay(p, 1, kind, 0.0) == milliseconds(15'000));
+    CHECK(reconnect_delay(p, 1, kind, 1.0) == milliseconds(30'000));
+  }
+}
