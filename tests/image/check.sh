@@ -44,7 +44,7 @@ die() {
 
 # ---------------------------------------------------------------------------------------------
 # The run phase: re-executed by the build phase inside `unshare --net` (loopback only).
-# Arguments: the working container's name, a scratch directory.
+# Arguments: the working container's name, a scratch directory the postgres user can enter.
 if [ "${1:-}" = "--run-phase" ]; then
   ctr=$2
   work=$3
@@ -130,11 +130,10 @@ YAML
   [ "$owner" = 10001:10001 ] || die "the sink file is owned by $owner, expected 10001:10001"
 
   # The HEALTHCHECK's own command, as the image declares it.
-  health=$("${B[@]}" inspect --type image --format '{{if .Docker.Config.Healthcheck}}{{json .Docker.Config.Healthcheck.Test}}{{end}}' "$image")
-  [ -n "$health" ] || die "the image has no HEALTHCHECK (built without --format docker?)"
-  mapfile -t probe < <(python3 -c 'import json, sys
-t = json.loads(sys.argv[1])
-print("\n".join(["/bin/sh", "-c", t[1]] if t[0] == "CMD-SHELL" else t[1:]))' "$health")
+  mapfile -t health < <("${B[@]}" inspect --type image \
+    --format '{{if .Docker.Config.Healthcheck}}{{range .Docker.Config.Healthcheck.Test}}{{println .}}{{end}}{{end}}' "$image")
+  [ "${#health[@]}" -ge 2 ] || die "the image has no HEALTHCHECK (built without --format docker?)"
+  if [ "${health[0]}" = CMD-SHELL ]; then probe=(/bin/sh -c "${health[1]}"); else probe=("${health[@]:1}"); fi
   "${B[@]}" run "$ctr" -- "${probe[@]}" > "$work/health.log" 2>&1 \
     || die "the HEALTHCHECK command (${probe[*]}) failed while the relay runs" "$work/health.log"
   ok "the HEALTHCHECK command returns 0 while the relay runs: ${probe[*]}"
@@ -164,16 +163,22 @@ for tool in buildah debootstrap unshare ip; do
   command -v "$tool" > /dev/null || die "$tool is not installed (scripts/install-deps.sh installs it)"
 done
 mkdir -p "$cache/tmp"
+# The run phase's files (Postgres cluster, config, sink directory) go where the postgres user can
+# reach them, unlike a cache under root's home.
+run_dir=$(mktemp -d /tmp/outbox-image-check.XXXXXX)
+chmod 755 "$run_dir"
 exec 9> "$cache/lock"
 flock 9  # one run at a time per cache
 export TMPDIR=$cache/tmp
+# chroot isolation for `buildah run` too (the default, oci, needs a runtime such as runc).
+export BUILDAH_ISOLATION=chroot
 B=(buildah --root "$cache/storage" --runroot "$cache/run" --storage-driver vfs)
 work=$(mktemp -d "$cache/tmp/check.XXXXXX")
 containers=()
 cleanup() {
   local c
   for c in "${containers[@]}"; do "${B[@]}" rm "$c" > /dev/null 2>&1; done
-  rm -rf "$work"
+  rm -rf "$work" "$run_dir"
 }
 trap cleanup EXIT
 
@@ -270,14 +275,16 @@ done
 start=$(date +%s)
 # --format docker: the OCI format has no HEALTHCHECK. Two compile jobs: the machine is shared.
 "${B[@]}" bud --isolation chroot --pull=never --layers --format docker --build-arg BUILD_JOBS="${OUTBOX_IMAGE_JOBS:-2}" \
-  -t "$image" -f "$root/Dockerfile" "$root" > "$work/build.log" 2>&1 \
-  || die "buildah bud (log: tail of the build output)" "$work/build.log" 60
+  -t "$image" -f "$root/Dockerfile" "$root" 2>&1 | while IFS= read -r line; do printf '%(%T)T %s\n' -1 "$line"; done > "$work/build.log"
+status=${PIPESTATUS[0]}
+cp "$work/build.log" "$cache/last-build.log"  # timestamped, kept for a look after the run
+[ "$status" = 0 ] || die "buildah bud (log: tail of the build output)" "$work/build.log" 60
 ok "built $image from the Dockerfile in $(($(date +%s) - start)) s"
 
 # Cached layers of earlier builds that this build did not use are garbage (vfs copies the whole
 # file system per layer): keep only the layers this build used or made, and named images.
 # (buildah prints ids shortened to 11 characters or in full.)
-keep=$(grep -Eo -- '^--> (Using cache )?[0-9a-f]{11,64}' "$work/build.log" | grep -Eo '[0-9a-f]{11,64}$' | cut -c1-11)
+keep=$(grep -Eo -- ' --> (Using cache )?[0-9a-f]{11,64}$' "$work/build.log" | grep -Eo '[0-9a-f]{11,64}$' | cut -c1-11)
 for id in $("${B[@]}" images --all --noheading --no-trunc --format '{{.ID}} {{.Name}}' | awk '$2 == "<none>" { print $1 }'); do
   id=${id#sha256:}
   grep -qx "${id:0:11}" <<< "$keep" || "${B[@]}" rmi "$id" > /dev/null 2>&1 || true
@@ -308,11 +315,13 @@ ctr=$("${B[@]}" from --pull=never "$image") || die "buildah from $image"
 containers+=("$ctr")
 version=$(sed -nE 's/^project\(outbox_relay VERSION ([0-9.]+).*/\1/p' "$root/CMakeLists.txt")
 got=$("${B[@]}" run "$ctr" -- outbox-relay --version 2>&1)
-[ "$got" = "outbox-relay $version" ] || die "outbox-relay --version in the image printed '$got', expected 'outbox-relay $version'"
+code=$?
+[ "$got" = "outbox-relay $version" ] \
+  || die "outbox-relay --version in the image printed '$got' (exit $code), expected 'outbox-relay $version'"
 ok "outbox-relay --version in the image: $got"
 got=$("${B[@]}" run "$ctr" -- sh -c 'echo "$(id -u):$(id -g)"' 2>&1)
 [ "$got" = 10001:10001 ] || die "the image's user is '$got', expected 10001:10001"
 ok "the image's user is 10001:10001"
 
-unshare --net --fork "$self" --run-phase "$ctr" "$work" || exit 1
+unshare --net --fork "$self" --run-phase "$ctr" "$run_dir" || exit 1
 echo "all image checks passed"
