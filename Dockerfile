@@ -11,7 +11,13 @@ COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN scripts/install-deps.sh --runtime-build && rm -rf /var/lib/apt/lists/*
 COPY . .
 # scripts/build.sh is CI's build (cmake + Ninja, warnings as errors); only the binary is needed.
-RUN BUILD_DIR=/src/build BUILD_TARGETS=outbox-relay BUILD_JOBS="$(nproc)" scripts/build.sh -DOUTBOX_WERROR=ON \
+# A compiler cache survives between builds (BuildKit / buildah cache mount), so a changed source
+# recompiles only what changed. BUILD_JOBS: parallel compile jobs (default: all cores).
+ARG BUILD_JOBS
+RUN --mount=type=cache,id=outbox-relay-ccache,target=/root/.cache/ccache,sharing=locked \
+    CCACHE_DIR=/root/.cache/ccache BUILD_DIR=/src/build BUILD_TARGETS=outbox-relay BUILD_JOBS="${BUILD_JOBS:-$(nproc)}" \
+      scripts/build.sh -DOUTBOX_WERROR=ON -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+ && CCACHE_DIR=/root/.cache/ccache ccache --show-stats | grep -Ei 'hits|misses' \
  && strip --strip-debug -o /outbox-relay build/bin/outbox-relay \
  && /outbox-relay --version
 # The Debian packages that own the binary's shared libraries: the runtime stage installs exactly

@@ -32,6 +32,9 @@ if [ -x tests/ops/check-packaging.sh ]; then
   tests/ops/check-packaging.sh
 fi
 
+echo "== container image: the Dockerfile built with buildah (no Docker daemon) and run"
+tests/image/check.sh
+
 echo "== integration tests"
 venv="${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}"
 OUTBOX_RELAY_BIN=$here/build/bin/outbox-relay "$venv/bin/pytest" -q -p no:cacheprovider tests/integration "$@"
