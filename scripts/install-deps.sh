@@ -10,15 +10,13 @@ runtime_only=0
 pkgs=(build-essential cmake ninja-build pkg-config
       libpqxx-dev libpq-dev librdkafka-dev nlohmann-json3-dev prometheus-cpp-dev doctest-dev
       libcurl4-openssl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
-      libcpp-httplib-dev libssl-dev)
-if [ "$runtime_only" = 1 ]; then
-  # The Dockerfile's build stage keeps a compiler cache between image builds.
-  pkgs+=(ccache)
-else
+      libcpp-httplib-dev libssl-dev
+      # scripts/build.sh compiles through ccache (cache outside the repo) when it is there: the test
+      # command builds three trees (plain, ASan+UBSan, TSan) on every fresh clone, and the
+      # Dockerfile's build stage keeps a compiler cache between image builds.
+      ccache)
+if [ "$runtime_only" = 0 ]; then
   pkgs+=(postgresql-15 python3 python3-venv openssl)
-  # scripts/build.sh compiles through ccache (cache outside the repo) when it is there: the test
-  # command builds three trees (plain, ASan+UBSan, TSan) on every fresh clone.
-  pkgs+=(ccache)
   # tests/image/check.sh: builds the Dockerfile without a Docker daemon (buildah, chroot isolation)
   # on a debian:bookworm base made by debootstrap, and runs the image in a private network namespace.
   pkgs+=(buildah debootstrap debian-archive-keyring iproute2)
