@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime
 import json
 import time
+import urllib.error
+import urllib.request
 import uuid
 
-from conftest import Writers, base_config, run_cli, run_config, wait_until
+from conftest import Writers, base_config, free_port, run_cli, run_config, wait_until
 from redis_fixtures import (check_order, entry_headers, make_tls_files, own_redis_server, read_stream,  # noqa: F401
                             redis_server)
 
@@ -215,6 +217,31 @@ def test_maxlen_trims_the_stream_approximately(db, relays, redis_server):
         length = client.xlen("outbox." + row_topic)
     # MAXLEN ~ 100 trims whole nodes of 100 entries (stream-node-max-entries): 100 to 199 are left.
     assert 100 <= length < 200, length
+
+
+def readyz(port):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, None
+
+
+def test_readyz_follows_the_redis_server(db, relays, own_redis_server):
+    server = own_redis_server().start()
+    port = free_port()
+    config = base_config(db, redis_sink(server.url))
+    config["http"] = {"enabled": True, "listen": f"127.0.0.1:{port}"}
+    relay = relays(config)
+    wait_until(lambda: readyz(port)[0] == 200, timeout=30, message="/readyz 200")
+    server.kill()
+    status, body = wait_until(lambda: (r := readyz(port))[0] == 503 and r, timeout=10, message="/readyz 503")
+    assert body["reasons"] == ["sink 'redis' not usable"]
+    server.restart()
+    wait_until(lambda: readyz(port)[0] == 200, timeout=10, message="/readyz 200 after the restart")
+    assert relay.alive()
 
 
 def test_bad_redis_config_exits_2_naming_the_key(db, workdir):
