@@ -10,7 +10,7 @@ runtime_only=0
 pkgs=(build-essential cmake ninja-build pkg-config
       libpqxx-dev libpq-dev librdkafka-dev nlohmann-json3-dev prometheus-cpp-dev doctest-dev
       libcurl4-openssl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
-      libcpp-httplib-dev libssl-dev
+      libcpp-httplib-dev libssl-dev libhiredis-dev
       # scripts/build.sh compiles through ccache (cache outside the repo) when it is there: the test
       # command builds three trees (plain, ASan+UBSan, TSan) on every fresh clone, and the
       # Dockerfile's build stage keeps a compiler cache between image builds.
@@ -27,6 +27,9 @@ if [ "$runtime_only" = 0 ]; then
   # tests/integration/test_poolers.py: a real PgBouncer in session and transaction pool modes,
   # started by the tests on a free port (the package's own service is not used).
   pkgs+=(pgbouncer)
+  # tests/integration/test_redis.py starts its own redis-server on a free port (see below: the
+  # package's own service is kept from starting).
+  pkgs+=(redis-server)
 fi
 
 missing=()
@@ -37,7 +40,22 @@ if [ "${#missing[@]}" -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Server packages (redis-server) would start a system-wide instance: the tests run their own.
+  # policy-rc.d (exit 101) keeps invoke-rc.d from starting it during the install.
+  no_start=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d > /dev/null
+    $SUDO chmod 755 /usr/sbin/policy-rc.d
+    no_start=1
+  fi
+  rc=0
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" || rc=$?
+  if [ "$no_start" = 1 ]; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
+  [ "$rc" = 0 ] || exit "$rc"
+  # ... and not at boot either.
+  if [ -d /run/systemd/system ] && systemctl is-enabled redis-server > /dev/null 2>&1; then
+    $SUDO systemctl disable --now redis-server > /dev/null 2>&1 || true
+  fi
 fi
 
 if [ "$runtime_only" = 0 ]; then

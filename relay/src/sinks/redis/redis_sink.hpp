@@ -1,0 +1,46 @@
+#pragma once
+// type: redis. Appends each event to a Redis stream with XADD and counts it as delivered only when
+// Redis answered that XADD with the new entry's id.
+//
+// Entry: XADD <stream> [MAXLEN ~ N] * id <event id> topic <topic> key <aggregate_id>
+//        payload <payload JSON text> headers <the row's headers as a JSON object> created_at <RFC 3339>
+// Stream = the config's template with {topic} replaced by the row's topic.
+//
+// One connection, one transaction per batch: MULTI, the batch's XADDs in id order, EXEC, written
+// at once (one round trip) and answered in order. Redis runs the XADDs of one EXEC in that order
+// and all or none of them: a server that is loading, out of memory, read-only or busy refuses the
+// whole transaction (every event retries), and a connection lost before EXEC's answer leaves
+// either all of them written or none (every event retries; duplicates at worst). So no later
+// event of a key reaches a stream while an earlier one of that key is retried. See README
+// "redis sink".
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/sink.hpp"
+#include "sinks/redis/redis_config.hpp"
+
+namespace outbox::sinks {
+
+class RedisSink final : public Sink {
+ public:
+  // Starts a helper thread that connects in the background and PINGs an idle connection every
+  // second (feeds usable()). Never throws for an unreachable server.
+  RedisSink(std::string name, RedisSinkConfig config);
+  ~RedisSink() override;  // stops and joins the helper thread
+  RedisSink(const RedisSink&) = delete;
+  RedisSink& operator=(const RedisSink&) = delete;
+
+  const std::string& name() const override;
+  // Connects if needed, then runs the batch's transaction. Blocks at most about config.timeout
+  // (connecting included). Downstream failures are outcomes, never exceptions.
+  std::vector<Outcome> publish(std::span<const Event* const> events) override;
+  // True while the last connection attempt, PING or batch reached the server. Thread-safe.
+  bool usable() const override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace outbox::sinks
