@@ -11,6 +11,8 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libpqxx-dev libpq-dev librdkafka-dev nlohmann-json3-dev prometheus-cpp-dev doctest-dev
       libcurl4-openssl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
       libcpp-httplib-dev libssl-dev)
+# The nats sink: nats.c (NATS and JetStream C client).
+pkgs+=(libnats-dev)
 if [ "$runtime_only" = 0 ]; then
   pkgs+=(postgresql-15 python3 python3-venv openssl)
   # scripts/build.sh compiles through ccache (cache outside the repo) when it is there: the test
@@ -20,6 +22,9 @@ if [ "$runtime_only" = 0 ]; then
   pkgs+=(maven openjdk-17-jre-headless)
   # tests/ops/check-packaging.sh: `docker-compose config` validates docker-compose.yml (no daemon).
   pkgs+=(docker-compose)
+  # tests/integration/nats_fixtures.py and bench/nats: the tests start their own server with
+  # JetStream; the package's system service must not run (see policy-rc.d below).
+  pkgs+=(nats-server)
 fi
 
 missing=()
@@ -30,7 +35,24 @@ if [ "${#missing[@]}" -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Servers the tests start themselves (nats-server, ...) must not start as system services when
+  # their package is installed: a policy-rc.d that says "no" while this install runs (101: action
+  # forbidden), if the machine has none of its own.
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" > /dev/null
+    $SUDO chmod 755 "$policy"
+  fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    || { [ -z "$policy" ] || $SUDO rm -f "$policy"; exit 1; }
+  [ -z "$policy" ] || $SUDO rm -f "$policy"
+fi
+if [ "$runtime_only" = 0 ] && [ -d /run/systemd/system ] && systemctl is-enabled nats-server > /dev/null 2>&1; then
+  # Nor at the next boot.
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO systemctl disable --now nats-server > /dev/null 2>&1 || true
 fi
 
 if [ "$runtime_only" = 0 ]; then
