@@ -208,9 +208,9 @@ struct NatsSink::Impl {
   Outcome outcome_for(natsStatus status, int js_code, const std::string& text) const {
     std::string reason;
     if (js_code != 0) {
-      reason = "nats: JetStream error " + std::to_string(js_code) + ": " + text;
+      reason = "JetStream error " + std::to_string(js_code) + ": " + text;
     } else {
-      reason = std::string("nats: ") + natsStatus_GetText(status);
+      reason = natsStatus_GetText(status);
       if (!text.empty() && text != natsStatus_GetText(status)) reason += ": " + text;
     }
     const bool no_stream_permanent = config.no_stream == NatsNoStream::kPermanent;
@@ -315,7 +315,7 @@ struct NatsSink::Impl {
   std::vector<Outcome> publish(std::span<const Event* const> events) {
     const std::size_t n = events.size();
     if (!connected) {
-      return std::vector<Outcome>(n, Outcome::retry("nats: not connected to " + config.url_for_logs));
+      return std::vector<Outcome>(n, Outcome::retry("not connected to NATS at " + config.url_for_logs));
     }
     const auto started = SteadyClock::now();
     const auto deadline = started + config.timeout;
@@ -396,7 +396,7 @@ struct NatsSink::Impl {
     // not attempted, claimed again; a sink still down then answers retry at once, above).
     std::vector<Outcome> outcomes;
     outcomes.reserve(n);
-    const std::string no_ack = "nats: no PubAck within timeout " + config::format_duration(config.timeout);
+    const std::string no_ack = "no PubAck within timeout " + config::format_duration(config.timeout);
     const std::string not_sent = std::string("not sent: ") + (connected ? "the batch reached the sink timeout"
                                                                          : "the connection to NATS was lost");
     KeyHolds held;

@@ -158,6 +158,6 @@ TEST_CASE("nats config: the registry builds the sink; it connects in the backgro
   const auto outcomes = sink->publish(batch);
   REQUIRE(outcomes.size() == 1);
   CHECK(outcomes[0].kind == OutcomeKind::kRetry);
-  CHECK(outcomes[0].reason == "nats: not connected to nats://127.0.0.1:1");
+  CHECK(outcomes[0].reason == "not connected to NATS at nats://127.0.0.1:1");
   log::set_level(log::Level::kInfo);
 }
