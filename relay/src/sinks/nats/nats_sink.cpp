@@ -67,6 +67,7 @@ struct NatsSink::Impl {
   const std::string name;
   const NatsSinkConfig config;
   std::atomic<bool> connected{false};
+  std::atomic<bool> closing{false};  // the sink is being destroyed: a disconnect is expected
 
   // nats.c calls the handlers below on its own threads (PubAcks on the reply subscription's
   // thread, connection events on its callback thread). They touch only these members, under
@@ -85,6 +86,7 @@ struct NatsSink::Impl {
     if (connection) {
       // Close first and wait for the closed callback: nats.c's threads are detached, so this is
       // how we know none of them calls into this object any more.
+      closing = true;
       natsConnection_Close(connection.get());
       std::unique_lock lock(mutex);
       if (!changed.wait_for(lock, kCloseWait, [&] { return closed; })) {
@@ -115,6 +117,7 @@ struct NatsSink::Impl {
   static void on_disconnected(natsConnection* /*nc*/, void* closure) {
     auto* self = static_cast<Impl*>(closure);
     self->connected = false;
+    if (self->closing) return;
     log::warn("nats: disconnected; reconnecting", {{"sink", self->name}, {"url", self->config.url_for_logs}});
   }
   static void on_closed(natsConnection* /*nc*/, void* closure) {
