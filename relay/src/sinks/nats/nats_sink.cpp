@@ -44,11 +44,6 @@ using MessagePtr = std::unique_ptr<natsMsg, Destroyer<natsMsg, &natsMsg_Destroy>
 // nats.c's description of the last error on this thread, with registered secrets masked.
 std::string last_error() { return log::redact(nats_GetLastError(nullptr)); }
 
-long long remaining_ms(SteadyClock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<milliseconds>(deadline - SteadyClock::now()).count();
-  return std::max<long long>(1, left);
-}
-
 }  // namespace
 
 struct NatsSink::Impl {
@@ -147,7 +142,8 @@ struct NatsSink::Impl {
     }
     in_flight.erase(it);
     acks.push_back(std::move(ack));
-    changed.notify_all();
+    // The waiters wait for a first PubAck to take (publish) or for the last one (close_batch).
+    if (acks.size() == 1 || in_flight.empty()) changed.notify_all();
   }
 
   // --- connection ---
@@ -229,8 +225,7 @@ struct NatsSink::Impl {
 
   // Publishes one event asynchronously. nullopt: nats.c has it and its PubAck will come to
   // pub_ack(); otherwise the event's outcome (it was not published).
-  std::optional<Outcome> send(std::size_t index, const Event& event, SteadyClock::time_point deadline,
-                              Dropped& dropped) {
+  std::optional<Outcome> send(std::size_t index, const Event& event, Dropped& dropped) {
     const std::string subject = render_subject(config.subject, event.topic);
     if (!valid_nats_subject(subject)) {
       return Outcome::permanent("invalid NATS subject '" + subject + "' from subject template '" + config.subject +
@@ -271,7 +266,8 @@ struct NatsSink::Impl {
     jsPubOptions pub;
     jsPubOptions_Init(&pub);
     pub.MsgId = id.c_str();  // the Nats-Msg-Id header: JetStream's de-duplication key
-    pub.MaxWait = remaining_ms(deadline);
+    // No MaxWait: publish() keeps the deadline itself and takes unanswered messages back
+    // (close_batch). nats.c would otherwise queue a timeout notice per message, answered or not.
     const natsMsg* tag = msg.get();
     {
       std::lock_guard lock(mutex);
@@ -369,7 +365,7 @@ struct NatsSink::Impl {
       while (outstanding < max_in_flight && !ready.empty() && connected && SteadyClock::now() < deadline) {
         const std::size_t i = ready.front();
         ready.pop_front();
-        auto failed = send(i, *events[i], deadline, dropped);
+        auto failed = send(i, *events[i], dropped);
         if (!failed) {
           sent[i] = 1;
           ++outstanding;
