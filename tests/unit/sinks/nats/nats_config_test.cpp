@@ -63,7 +63,8 @@ TEST_CASE("nats config: defaults and every key") {
 
 TEST_CASE("nats config: errors name the key and what was expected") {
   CHECK(error_of("    subject: x\n") == "sinks[0].url: required, but missing");
-  CHECK(error_of("    url: 'http://h:4222'\n") == "sinks[0].url: unsupported scheme 'http', expected one of: nats, tls");
+  CHECK(error_of("    url: 'http://h:4222'\n") ==
+        "sinks[0].url: unsupported scheme 'http', expected one of: nats, tls");
   CHECK(error_of("    url: 'h:4222'\n").find("sinks[0].url: expected nats://") == 0);
   CHECK(error_of("    url: 'nats://a:1,,nats://b:2'\n").find("sinks[0].url: empty URL in the list") == 0);
   CHECK(error_of("    url: 'nats://a b:1'\n").find("sinks[0].url: expected nats://") == 0);
@@ -89,7 +90,8 @@ TEST_CASE("nats config: errors name the key and what was expected") {
 }
 
 TEST_CASE("nats config: passwords and tokens in the URL are masked in describe(), errors and every log line") {
-  const auto c = parse_sink("    url: 'nats://relay:n4ts-s3cret-pw@127.0.0.1:4222,nats://tok3n-abcdef@10.0.0.2:4222'\n");
+  const auto c =
+      parse_sink("    url: 'nats://relay:n4ts-s3cret-pw@127.0.0.1:4222,nats://tok3n-abcdef@10.0.0.2:4222'\n");
   const auto j = outbox::testing::describe_with_sinks(c)["sinks"][0];
   CHECK(j["type"] == "nats");
   CHECK(j["url"] == "nats://relay:*****@127.0.0.1:4222,nats://*****@10.0.0.2:4222");
