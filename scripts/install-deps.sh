@@ -10,7 +10,7 @@ runtime_only=0
 pkgs=(build-essential cmake ninja-build pkg-config
       libpqxx-dev libpq-dev librdkafka-dev nlohmann-json3-dev prometheus-cpp-dev doctest-dev
       libcurl4-openssl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
-      libcpp-httplib-dev libssl-dev libhiredis-dev
+      libcpp-httplib-dev libssl-dev libhiredis-dev libnats-dev
       # scripts/build.sh compiles through ccache (cache outside the repo) when it is there: the test
       # command builds three trees (plain, ASan+UBSan, TSan) on every fresh clone, and the
       # Dockerfile's build stage keeps a compiler cache between image builds.
@@ -30,6 +30,9 @@ if [ "$runtime_only" = 0 ]; then
   # tests/integration/test_redis.py starts its own redis-server on a free port (see below: the
   # package's own service is kept from starting).
   pkgs+=(redis-server)
+  # tests/integration/nats_fixtures.py and bench/nats: the tests start their own server with
+  # JetStream; the package's system service must not run (see policy-rc.d below).
+  pkgs+=(nats-server)
 fi
 
 missing=()
@@ -53,9 +56,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$no_start" = 1 ]; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
   [ "$rc" = 0 ] || exit "$rc"
   # ... and not at boot either.
-  if [ -d /run/systemd/system ] && systemctl is-enabled redis-server > /dev/null 2>&1; then
-    $SUDO systemctl disable --now redis-server > /dev/null 2>&1 || true
-  fi
+  for service in redis-server nats-server; do
+    if [ -d /run/systemd/system ] && systemctl is-enabled "$service" > /dev/null 2>&1; then
+      $SUDO systemctl disable --now "$service" > /dev/null 2>&1 || true
+    fi
+  done
 fi
 
 if [ "$runtime_only" = 0 ]; then

@@ -12,6 +12,7 @@ SinkType file_sink_type();
 SinkType webhook_sink_type();
 SinkType kafka_sink_type();
 SinkType redis_sink_type();
+SinkType nats_sink_type();
 
 const std::vector<SinkType>& sink_types() {
   // One line per sink type (its folder defines the row).
@@ -21,6 +22,7 @@ const std::vector<SinkType>& sink_types() {
       webhook_sink_type(),
       kafka_sink_type(),
       redis_sink_type(),
+      nats_sink_type(),
   };
   return kTypes;
 }

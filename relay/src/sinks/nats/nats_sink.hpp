@@ -1,0 +1,48 @@
+#pragma once
+// type: nats. Publishes events to NATS JetStream with asynchronous publishes and counts an event
+// as delivered only when its PubAck (the stream stored it, or already had it) arrives.
+//
+// Message: subject = the config's template with {topic} replaced by the row's topic, data = the
+// payload's JSON text, headers Nats-Msg-Id = the event id (JetStream drops a re-send of an id it
+// stored within the stream's duplicate window), outbox-id, outbox-topic, outbox-created-at, then
+// the row's headers in their order (a row's Nats-* header is dropped with a warning: those steer
+// JetStream).
+//
+// Per-key order: events of one key are published one after another, the next only after the
+// PubAck of the one before; different keys are in flight together, up to max_in_flight. After a
+// retriable failure of a key (or no PubAck within timeout), the key's later events in the batch
+// are not published (kDeferred). A permanent failure dead-letters the event and releases its key.
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/sink.hpp"
+#include "sinks/nats/nats_config.hpp"
+
+namespace outbox::sinks {
+
+class NatsSink final : public Sink {
+ public:
+  // Creates the connection; it connects (and reconnects, forever) in the background. A server
+  // that cannot be reached is not an error here: usable() stays false until it answers. Throws
+  // config::ConfigError naming config.key_path if nats.c rejects the settings.
+  NatsSink(std::string name, NatsSinkConfig config);
+  ~NatsSink() override;
+  NatsSink(const NatsSink&) = delete;
+  NatsSink& operator=(const NatsSink&) = delete;
+
+  const std::string& name() const override;
+  // Publishes the batch and waits for its PubAcks, at most about config.timeout; events without
+  // one then retry. Returns with nothing of the batch still in flight.
+  std::vector<Outcome> publish(std::span<const Event* const> events) override;
+  // True while the connection to a server is up. Thread-safe, lock-free.
+  bool usable() const override;
+  // Flushes the connection's write buffer (publish() leaves nothing waiting for a PubAck).
+  void flush(std::chrono::milliseconds timeout) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace outbox::sinks
