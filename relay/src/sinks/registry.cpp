@@ -7,6 +7,7 @@ SinkType stdout_sink_type();
 SinkType file_sink_type();
 SinkType webhook_sink_type();
 SinkType kafka_sink_type();
+SinkType rabbitmq_sink_type();
 
 const std::vector<SinkType>& sink_types() {
   // One line per sink type (its folder defines the row).
@@ -15,6 +16,7 @@ const std::vector<SinkType>& sink_types() {
       file_sink_type(),
       webhook_sink_type(),
       kafka_sink_type(),
+      rabbitmq_sink_type(),
   };
   return kTypes;
 }
