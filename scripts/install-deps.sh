@@ -10,7 +10,8 @@ runtime_only=0
 pkgs=(build-essential cmake ninja-build pkg-config
       libpqxx-dev libpq-dev librdkafka-dev nlohmann-json3-dev prometheus-cpp-dev doctest-dev
       libcurl4-openssl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
-      libcpp-httplib-dev libssl-dev)
+      libcpp-httplib-dev libssl-dev
+      librabbitmq-dev)
 if [ "$runtime_only" = 0 ]; then
   pkgs+=(postgresql-15 python3 python3-venv openssl)
   # scripts/build.sh compiles through ccache (cache outside the repo) when it is there: the test
@@ -20,6 +21,8 @@ if [ "$runtime_only" = 0 ]; then
   pkgs+=(maven openjdk-17-jre-headless)
   # tests/ops/check-packaging.sh: `docker-compose config` validates docker-compose.yml (no daemon).
   pkgs+=(docker-compose)
+  # tests/integration/rabbitmq_fixtures.py: a RabbitMQ node per test module (its own ports and dir).
+  pkgs+=(rabbitmq-server)
 fi
 
 missing=()
@@ -31,6 +34,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # The tests start their own RabbitMQ nodes: the package's system service must not run (where
+  # systemd is the init, the package has just started and enabled it).
+  if [[ " ${missing[*]} " == *" rabbitmq-server "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now rabbitmq-server > /dev/null 2>&1 || true
+  fi
 fi
 
 if [ "$runtime_only" = 0 ]; then
