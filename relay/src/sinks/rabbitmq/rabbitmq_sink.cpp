@@ -159,7 +159,8 @@ struct RabbitmqSink::Impl {
   const RabbitmqSinkConfig config;
 
   // Held by publish() and by the keeper between batches; the connection is used only under it.
-  std::timed_mutex mutex;
+  // The keeper holds it at most about timeout (a reconnect), so publish() waits at most that.
+  std::mutex mutex;
   ConnectionPtr connection;
   std::uint64_t next_tag = 1;  // the delivery tag the broker gives the next publish on the channel
   SteadyClock::time_point last_connect_attempt{};
@@ -549,11 +550,8 @@ struct RabbitmqSink::Impl {
       }
     }
 
-    std::unique_lock lock(mutex, std::defer_lock);
+    std::unique_lock lock(mutex);
     std::string failure;
-    if (!lock.try_lock_until(deadline)) {
-      failure = "the connection stayed busy (reconnecting) for timeout " + config::format_duration(config.timeout);
-    }
     // A channel error (e.g. a missing exchange, a message over the broker's size limit) closes
     // the channel at the publish that caused it and drops the publishes after it. The sink then
     // sends the undecided events one at a time until the one that closes the channel again is
@@ -598,10 +596,8 @@ struct RabbitmqSink::Impl {
     }
     // publish() must never return with a connection whose publishes are unconfirmed: a late
     // confirm would be read as one of the next batch's.
-    if (lock.owns_lock()) {
-      if (!failure.empty()) drop(failure);
-      lock.unlock();
-    }
+    if (!failure.empty()) drop(failure);
+    lock.unlock();
 
     std::vector<Outcome> outcomes;
     outcomes.reserve(n);

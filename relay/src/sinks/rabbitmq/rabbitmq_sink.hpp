@@ -32,7 +32,8 @@ class RabbitmqSink final : public Sink {
 
   const std::string& name() const override;
   // Publishes the batch and waits for its confirms. Blocks at most about timeout (a watchdog
-  // shuts the socket down if a send or read outlives it). Never throws for broker failures.
+  // shuts the socket down if a send or read outlives it), plus at most about timeout more if
+  // the background reconnect is under way. Never throws for broker failures.
   std::vector<Outcome> publish(std::span<const Event* const> events) override;
   // True while a connection with a confirm-mode channel is up. Thread-safe, lock-free.
   bool usable() const override;
