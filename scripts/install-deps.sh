@@ -10,7 +10,7 @@ runtime_only=0
 pkgs=(build-essential cmake ninja-build pkg-config
       libpqxx-dev libpq-dev librdkafka-dev nlohmann-json3-dev prometheus-cpp-dev doctest-dev
       libcurl4-openssl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
-      libcpp-httplib-dev libssl-dev libhiredis-dev libnats-dev
+      libcpp-httplib-dev libssl-dev libhiredis-dev libnats-dev librabbitmq-dev
       # scripts/build.sh compiles through ccache (cache outside the repo) when it is there: the test
       # command builds three trees (plain, ASan+UBSan, TSan) on every fresh clone, and the
       # Dockerfile's build stage keeps a compiler cache between image builds.
@@ -33,6 +33,8 @@ if [ "$runtime_only" = 0 ]; then
   # tests/integration/nats_fixtures.py and bench/nats: the tests start their own server with
   # JetStream; the package's system service must not run (see policy-rc.d below).
   pkgs+=(nats-server)
+  # tests/integration/rabbitmq_fixtures.py: a RabbitMQ node per test module (its own ports and dir).
+  pkgs+=(rabbitmq-server)
 fi
 
 missing=()
@@ -43,7 +45,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
-  # Server packages (redis-server) would start a system-wide instance: the tests run their own.
+  # Server packages (redis-server, nats-server, rabbitmq-server) would start a system-wide instance: the tests run their own.
   # policy-rc.d (exit 101) keeps invoke-rc.d from starting it during the install.
   no_start=0
   if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -56,7 +58,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$no_start" = 1 ]; then $SUDO rm -f /usr/sbin/policy-rc.d; fi
   [ "$rc" = 0 ] || exit "$rc"
   # ... and not at boot either.
-  for service in redis-server nats-server; do
+  for service in redis-server nats-server rabbitmq-server; do
     if [ -d /run/systemd/system ] && systemctl is-enabled "$service" > /dev/null 2>&1; then
       $SUDO systemctl disable --now "$service" > /dev/null 2>&1 || true
     fi

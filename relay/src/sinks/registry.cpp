@@ -13,6 +13,7 @@ SinkType webhook_sink_type();
 SinkType kafka_sink_type();
 SinkType redis_sink_type();
 SinkType nats_sink_type();
+SinkType rabbitmq_sink_type();
 
 const std::vector<SinkType>& sink_types() {
   // One line per sink type (its folder defines the row).
@@ -23,6 +24,7 @@ const std::vector<SinkType>& sink_types() {
       kafka_sink_type(),
       redis_sink_type(),
       nats_sink_type(),
+      rabbitmq_sink_type(),
   };
   return kTypes;
 }

@@ -1,0 +1,62 @@
+#pragma once
+// type: rabbitmq. The sink's typed settings and its strict YAML reader. No rabbitmq-c types here.
+//   url: amqp://user:pass@host:5672/vhost   required (amqp:// only; the password is masked in logs)
+//   exchange: "outbox"                       required, template: {topic}; "" is the default exchange
+//   routing_key: "{topic}"                   template: {topic} and {key} (the aggregate_id)
+//   timeout: 5s                              connect/login, and the wait for a batch's confirms
+//   max_in_flight: 1000                      published events without a confirm yet (1..65535)
+#include <chrono>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+
+namespace outbox::config {
+class Section;
+}
+
+namespace outbox::sinks {
+
+struct RabbitmqSinkConfig {
+  std::string url;           // as configured: may carry a password, never log it
+  std::string url_for_logs;  // the same URL with the password replaced by *****
+  // The parts of url, as amqp_parse_url() decodes them.
+  std::string host;
+  int port = 5672;
+  std::string vhost = "/";
+  std::string user = "guest";
+  std::string password = "guest";
+  // Templates: every {topic} is replaced by the row's topic, in routing_key also every {key} by
+  // the row's aggregate_id.
+  std::string exchange;
+  std::string routing_key = "{topic}";
+  // Bounds connecting and logging in, and how long one publish() waits for the publisher
+  // confirms of its batch (events without a confirm then retry and the connection is replaced).
+  std::chrono::milliseconds timeout{5'000};
+  int max_in_flight = 1000;
+  // The config path of this sink (e.g. "sinks[1]"), for errors that name the key.
+  std::string key_path;
+};
+
+inline constexpr int kMaxRabbitmqInFlight = 65535;
+// AMQP 0-9-1 short strings: exchange names and routing keys are at most 255 bytes.
+inline constexpr std::size_t kMaxAmqpShortString = 255;
+
+// Reads url, exchange, routing_key, timeout and max_in_flight from a sink entry and registers the
+// URL's password with the log redactor before anything can print it. Throws config::ConfigError
+// naming the key.
+RabbitmqSinkConfig parse_rabbitmq_sink(config::Section& section);
+
+// The effective settings for the startup log, the password as *****.
+nlohmann::json describe_rabbitmq_sink(const RabbitmqSinkConfig& config);
+
+// The template checks the parser applies: nullopt when valid, else what is wrong. An exchange
+// template may hold {topic} and the characters RabbitMQ allows in exchange names (letters,
+// digits, '-', '_', '.', ':'); a routing key template any text, with {topic} and {key} as the
+// only placeholders.
+std::optional<std::string> check_exchange_template(const std::string& exchange_template);
+std::optional<std::string> check_routing_key_template(const std::string& routing_key_template);
+
+// Renders a template for one event: {topic} -> topic, {key} -> key.
+std::string render_rabbitmq_template(const std::string& text, const std::string& topic, const std::string& key);
+
+}  // namespace outbox::sinks

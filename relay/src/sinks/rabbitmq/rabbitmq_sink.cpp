@@ -1,0 +1,660 @@
+#include "sinks/rabbitmq/rabbitmq_sink.hpp"
+
+#include <amqp.h>
+#include <amqp_framing.h>
+#include <amqp_tcp_socket.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "config/duration.hpp"
+#include "core/key_holds.hpp"
+#include "log/log.hpp"
+#include "sinks/rabbitmq/rabbitmq_outcomes.hpp"
+
+namespace outbox::sinks {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr amqp_channel_t kChannel = 1;
+constexpr int kFrameMax = 131072;
+constexpr milliseconds kKeeperInterval{1000};  // between batches: notice a lost connection, reconnect
+constexpr milliseconds kWatchdogGrace{250};    // our own waits end at the deadline; a stuck call after this
+constexpr std::size_t kMaxHeaderKey = 128;     // rabbitmq-c's limit for a table key
+constexpr std::size_t kMaxHeadersBytes = 64 * 1024;  // the content header must fit in one frame
+
+struct ConnectionDeleter {
+  void operator()(amqp_connection_state_t_* connection) const { amqp_destroy_connection(connection); }
+};
+using ConnectionPtr = std::unique_ptr<amqp_connection_state_t_, ConnectionDeleter>;
+
+amqp_bytes_t bytes_of(const std::string& text) {
+  // rabbitmq-c takes void* but only reads what it sends.
+  return amqp_bytes_t{text.size(), const_cast<char*>(text.data())};
+}
+
+std::string string_of(amqp_bytes_t bytes) {
+  return bytes.len == 0 ? std::string() : std::string(static_cast<const char*>(bytes.bytes), bytes.len);
+}
+
+timeval timeval_of(SteadyClock::duration d) {
+  const auto us = std::max<long long>(0, std::chrono::duration_cast<std::chrono::microseconds>(d).count());
+  return timeval{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
+}
+
+std::string reply_text(const amqp_rpc_reply_t& reply) {
+  switch (reply.reply_type) {
+    case AMQP_RESPONSE_NORMAL: return "ok";
+    case AMQP_RESPONSE_NONE: return "no reply from the broker";
+    case AMQP_RESPONSE_LIBRARY_EXCEPTION: return amqp_error_string2(reply.library_error);
+    case AMQP_RESPONSE_SERVER_EXCEPTION:
+      if (reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
+        const auto* close = static_cast<const amqp_connection_close_t*>(reply.reply.decoded);
+        return std::string("connection closed by the broker: ") + amqp_reply_name(close->reply_code) + " (" +
+               std::to_string(close->reply_code) + "): " + string_of(close->reply_text);
+      }
+      if (reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+        const auto* close = static_cast<const amqp_channel_close_t*>(reply.reply.decoded);
+        return std::string("channel closed by the broker: ") + amqp_reply_name(close->reply_code) + " (" +
+               std::to_string(close->reply_code) + "): " + string_of(close->reply_text);
+      }
+      return std::string("unexpected method from the broker: ") + amqp_method_name(reply.reply.id);
+  }
+  return "unknown reply";
+}
+
+// Shuts a socket down when a call on it outlives its deadline, so that no rabbitmq-c call (a
+// send into a broker that stopped reading, a read of a returned message) blocks a batch for
+// longer than the sink's timeout. The blocked call then fails and the connection is replaced.
+// Owns its thread; arm() and disarm() are called by the thread that uses the socket, which
+// closes the socket only after disarm(): shutdown() never touches a closed descriptor.
+class Watchdog {
+ public:
+  Watchdog() : thread_([this] { run(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  void arm(int fd, SteadyClock::time_point deadline) {
+    {
+      std::lock_guard lock(mutex_);
+      fd_ = fd;
+      deadline_ = deadline;
+      tripped_ = false;
+    }
+    wake_.notify_all();
+  }
+  // Returns whether it shut the socket down.
+  bool disarm() {
+    std::lock_guard lock(mutex_);
+    fd_ = -1;
+    return tripped_;
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (!stopping_) {
+      if (fd_ < 0) {
+        wake_.wait(lock);
+        continue;
+      }
+      if (SteadyClock::now() >= deadline_) {
+        ::shutdown(fd_, SHUT_RDWR);
+        tripped_ = true;
+        fd_ = -1;
+        continue;
+      }
+      wake_.wait_until(lock, deadline_);
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  int fd_ = -1;
+  SteadyClock::time_point deadline_{};
+  bool tripped_ = false;
+  bool stopping_ = false;
+  std::thread thread_;  // last: started after the fields it reads
+};
+
+// What a returned (unroutable) message said.
+struct Returned {
+  int code = 0;
+  std::string text;
+  std::string exchange;
+  std::string routing_key;
+};
+
+// Why a round of publishing stopped before every event had an outcome.
+struct Stop {
+  enum Kind { kNone, kChannelClosed, kLost } kind = kNone;
+  int code = 0;        // kChannelClosed: the reply code
+  std::string reason;  // for last_error
+};
+
+}  // namespace
+
+struct RabbitmqSink::Impl {
+  Impl(std::string sink_name, RabbitmqSinkConfig sink_config)
+      : name(std::move(sink_name)), config(std::move(sink_config)) {}
+
+  const std::string name;
+  const RabbitmqSinkConfig config;
+
+  // Held by publish() and by the keeper between batches; the connection is used only under it.
+  // The keeper holds it at most about timeout (a reconnect), so publish() waits at most that.
+  std::mutex mutex;
+  ConnectionPtr connection;
+  std::uint64_t next_tag = 1;  // the delivery tag the broker gives the next publish on the channel
+  SteadyClock::time_point last_connect_attempt{};
+  std::string last_connect_error;  // logged once per new error, not per attempt
+
+  std::atomic<bool> up{false};
+  std::atomic<std::uint64_t> opened{0};
+
+  Watchdog watchdog;
+
+  // The keeper: between batches, notices a connection the broker closed and reconnects, so
+  // usable() tells the truth while no events flow. Declared last: it uses everything above.
+  std::mutex keeper_mutex;
+  std::condition_variable keeper_wake;
+  bool stopping = false;
+  std::thread keeper;
+
+  ~Impl() {
+    {
+      std::lock_guard lock(keeper_mutex);
+      stopping = true;
+    }
+    keeper_wake.notify_all();
+    if (keeper.joinable()) keeper.join();
+    std::lock_guard lock(mutex);
+    close_gracefully();
+  }
+
+  // --- connection (under mutex) ---
+
+  bool connect(SteadyClock::time_point deadline) {
+    last_connect_attempt = SteadyClock::now();
+    std::string error;
+    ConnectionPtr c(amqp_new_connection());
+    if (!c) throw std::bad_alloc();
+    amqp_socket_t* socket = amqp_tcp_socket_new(c.get());  // owned by the connection
+    if (!socket) {
+      error = "cannot create a socket";
+    } else {
+      timeval tv = timeval_of(deadline - SteadyClock::now());
+      const int rc = amqp_socket_open_noblock(socket, config.host.c_str(), config.port, &tv);
+      if (rc != AMQP_STATUS_OK) {
+        error = "cannot connect to " + config.host + ":" + std::to_string(config.port) + ": " +
+                amqp_error_string2(rc);
+      } else {
+        error = handshake(c.get(), deadline);
+      }
+    }
+    if (!error.empty()) {
+      up = false;
+      if (error != last_connect_error) {
+        log::warn("rabbitmq: cannot connect; events retry until it can",
+                  {{"sink", name}, {"url", config.url_for_logs}, {"error", error}});
+      }
+      last_connect_error = error;
+      return false;
+    }
+    connection = std::move(c);
+    next_tag = 1;
+    ++opened;
+    up = true;
+    last_connect_error.clear();
+    log::info("rabbitmq connected", {{"sink", name}, {"url", config.url_for_logs}, {"channel", kChannel}});
+    return true;
+  }
+
+  // Login, channel.open and confirm.select, each bounded by the deadline. Returns an error or "".
+  std::string handshake(amqp_connection_state_t c, SteadyClock::time_point deadline) {
+    timeval tv = timeval_of(deadline - SteadyClock::now());
+    amqp_set_handshake_timeout(c, &tv);
+    amqp_set_rpc_timeout(c, &tv);
+    const int fd = amqp_get_sockfd(c);
+    watchdog.arm(fd, deadline + kWatchdogGrace);
+
+    const std::string connection_name = "outbox-relay " + name;
+    amqp_table_entry_t entry{};
+    entry.key = amqp_cstring_bytes("connection_name");
+    entry.value.kind = AMQP_FIELD_KIND_UTF8;
+    entry.value.value.bytes = bytes_of(connection_name);
+    amqp_table_t properties{1, &entry};
+    // Heartbeats off: rabbitmq-c answers them only inside its calls. A dead broker is noticed by
+    // the keeper (a closed socket) or by the batch deadline (no confirms), then reconnected.
+    amqp_rpc_reply_t reply =
+        amqp_login_with_properties(c, config.vhost.c_str(), 0, kFrameMax, 0, &properties, AMQP_SASL_METHOD_PLAIN,
+                                   config.user.c_str(), config.password.c_str());
+    std::string error;
+    if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+      error = "login to vhost '" + config.vhost + "' as '" + config.user + "' failed: " + reply_text(reply);
+    } else {
+      amqp_channel_open(c, kChannel);
+      reply = amqp_get_rpc_reply(c);
+      if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
+        error = "channel.open failed: " + reply_text(reply);
+      } else {
+        amqp_confirm_select(c, kChannel);
+        reply = amqp_get_rpc_reply(c);
+        if (reply.reply_type != AMQP_RESPONSE_NORMAL) error = "confirm.select failed: " + reply_text(reply);
+      }
+    }
+    if (watchdog.disarm() && error.empty()) error = "the handshake did not finish within timeout";
+    return error;
+  }
+
+  void drop(const std::string& why) {
+    if (!connection) return;
+    connection.reset();  // closes the socket; unconfirmed publishes are the caller's to retry
+    up = false;
+    log::warn("rabbitmq connection dropped", {{"sink", name}, {"reason", why}});
+  }
+
+  void close_gracefully() {
+    if (!connection) return;
+    timeval tv = timeval_of(std::min<SteadyClock::duration>(config.timeout, milliseconds{1000}));
+    amqp_set_rpc_timeout(connection.get(), &tv);
+    const int fd = amqp_get_sockfd(connection.get());
+    watchdog.arm(fd, SteadyClock::now() + config.timeout);
+    amqp_channel_close(connection.get(), kChannel, AMQP_REPLY_SUCCESS);
+    amqp_connection_close(connection.get(), AMQP_REPLY_SUCCESS);
+    watchdog.disarm();
+    connection.reset();
+    up = false;
+  }
+
+  // Between batches: a frame waiting (connection.close from a stopping broker) or a closed
+  // socket means the connection is gone; without one, reconnect (at most once per interval).
+  void keep() {
+    std::unique_lock lock(mutex, std::try_to_lock);
+    if (!lock.owns_lock()) return;  // a batch is being published
+    if (connection) {
+      amqp_frame_t frame;
+      timeval zero{0, 0};
+      const int rc = amqp_simple_wait_frame_noblock(connection.get(), &frame, &zero);
+      if (rc == AMQP_STATUS_TIMEOUT) return;
+      if (rc != AMQP_STATUS_OK) {
+        drop(std::string("connection lost while idle: ") + amqp_error_string2(rc));
+      } else if (frame.frame_type == AMQP_FRAME_METHOD &&
+                 (frame.payload.method.id == AMQP_CONNECTION_CLOSE_METHOD ||
+                  frame.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD)) {
+        drop(std::string("closed by the broker while idle: ") + amqp_method_name(frame.payload.method.id));
+      }
+      if (connection) amqp_maybe_release_buffers(connection.get());
+      return;
+    }
+    if (SteadyClock::now() - last_connect_attempt >= kKeeperInterval) {
+      connect(SteadyClock::now() + config.timeout);
+    }
+  }
+
+  void keep_loop() {
+    std::unique_lock lock(keeper_mutex);
+    while (!stopping) {
+      keeper_wake.wait_for(lock, kKeeperInterval, [&] { return stopping; });
+      if (stopping) break;
+      lock.unlock();
+      keep();
+      lock.lock();
+    }
+  }
+
+  // --- publishing (under mutex) ---
+
+  // The per-batch state of one publish() call.
+  struct Batch {
+    std::span<const Event* const> events;
+    std::vector<std::string> exchanges;
+    std::vector<std::string> routing_keys;
+    std::vector<std::optional<Outcome>> results;
+    std::vector<std::optional<Returned>> returned;
+    std::unordered_map<EventId, std::size_t> index_of;
+    KeyHolds held;
+    // The publishes of the current round: tag first_tag + j carried event tagged[j].
+    std::uint64_t first_tag = 0;
+    std::vector<std::size_t> tagged;
+    std::vector<bool> confirmed;
+    std::size_t lowest_unconfirmed = 0;
+    std::size_t in_flight = 0;
+
+    void set(std::size_t i, Outcome outcome) {
+      if (outcome.kind == OutcomeKind::kRetry || outcome.kind == OutcomeKind::kDeferred) {
+        held.hold(events[i]->key, events[i]->id);
+      }
+      results[i] = std::move(outcome);
+    }
+  };
+
+  Outcome returned_outcome(const Returned& r) const {
+    std::string reason = std::string("returned by the broker: ") + amqp_reply_name(r.code) + " (" +
+                         std::to_string(r.code) + "): " + r.text + " (exchange '" + r.exchange + "', routing key '" +
+                         r.routing_key + "')";
+    switch (classify_amqp_reply(r.code)) {
+      case AmqpErrorClass::kPermanent: return Outcome::permanent(std::move(reason));
+      case AmqpErrorClass::kRetry: return Outcome::retry(std::move(reason));
+    }
+    return Outcome::retry(std::move(reason));
+  }
+
+  void confirm(Batch& b, std::uint64_t tag, bool multiple, bool ack) {
+    if (tag < b.first_tag) return;
+    const std::size_t last = static_cast<std::size_t>(tag - b.first_tag);
+    if (last >= b.tagged.size()) return;
+    const std::size_t from = multiple ? b.lowest_unconfirmed : last;
+    for (std::size_t j = from; j <= last; ++j) {
+      if (b.confirmed[j]) continue;
+      b.confirmed[j] = true;
+      --b.in_flight;
+      const std::size_t i = b.tagged[j];
+      if (b.results[i]) continue;  // decided in an earlier round
+      if (b.returned[i]) {
+        b.set(i, returned_outcome(*b.returned[i]));
+      } else if (ack) {
+        b.set(i, Outcome::delivered());
+      } else {
+        b.set(i, Outcome::retry("nacked by the broker (basic.nack): it could not take the message"));
+      }
+    }
+    while (b.lowest_unconfirmed < b.confirmed.size() && b.confirmed[b.lowest_unconfirmed]) ++b.lowest_unconfirmed;
+  }
+
+  // Reads one frame (waiting until deadline) and applies it. Returns a stop, or kNone.
+  Stop read_one(Batch& b, SteadyClock::time_point deadline) {
+    amqp_connection_state_t c = connection.get();
+    amqp_frame_t frame;
+    timeval tv = timeval_of(deadline - SteadyClock::now());
+    const int rc = amqp_simple_wait_frame_noblock(c, &frame, &tv);
+    if (rc == AMQP_STATUS_TIMEOUT) {
+      return {Stop::kLost, 0,
+              "no publisher confirm within timeout " + config::format_duration(config.timeout)};
+    }
+    if (rc != AMQP_STATUS_OK) return {Stop::kLost, 0, std::string("connection lost: ") + amqp_error_string2(rc)};
+    Stop stop;
+    if (frame.frame_type == AMQP_FRAME_METHOD) {
+      const amqp_method_t& method = frame.payload.method;
+      switch (method.id) {
+        case AMQP_BASIC_ACK_METHOD: {
+          const auto* m = static_cast<const amqp_basic_ack_t*>(method.decoded);
+          confirm(b, m->delivery_tag, m->multiple != 0, true);
+          break;
+        }
+        case AMQP_BASIC_NACK_METHOD: {
+          const auto* m = static_cast<const amqp_basic_nack_t*>(method.decoded);
+          confirm(b, m->delivery_tag, m->multiple != 0, false);
+          break;
+        }
+        case AMQP_BASIC_RETURN_METHOD: {
+          // The returned message follows (header and body frames); its message_id names the event.
+          // The broker sends the basic.ack of that publish after it.
+          const auto* m = static_cast<const amqp_basic_return_t*>(method.decoded);
+          Returned r{m->reply_code, string_of(m->reply_text), string_of(m->exchange), string_of(m->routing_key)};
+          amqp_message_t message;
+          const amqp_rpc_reply_t read = amqp_read_message(c, frame.channel, &message, 0);
+          if (read.reply_type != AMQP_RESPONSE_NORMAL) {
+            stop = {Stop::kLost, 0, "reading a returned message failed: " + reply_text(read)};
+            break;
+          }
+          EventId id = 0;
+          const std::string message_id = (message.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG)
+                                             ? string_of(message.properties.message_id)
+                                             : std::string();
+          amqp_destroy_message(&message);
+          const auto [end, ec] = std::from_chars(message_id.data(), message_id.data() + message_id.size(), id);
+          if (ec != std::errc() || end != message_id.data() + message_id.size()) break;
+          if (auto it = b.index_of.find(id); it != b.index_of.end()) b.returned[it->second] = std::move(r);
+          break;
+        }
+        case AMQP_CHANNEL_CLOSE_METHOD: {
+          const auto* m = static_cast<const amqp_channel_close_t*>(method.decoded);
+          stop = {Stop::kChannelClosed, m->reply_code,
+                  std::string("channel closed by the broker: ") + amqp_reply_name(m->reply_code) + " (" +
+                      std::to_string(m->reply_code) + "): " + string_of(m->reply_text)};
+          break;
+        }
+        case AMQP_CONNECTION_CLOSE_METHOD: {
+          const auto* m = static_cast<const amqp_connection_close_t*>(method.decoded);
+          stop = {Stop::kLost, m->reply_code,
+                  std::string("connection closed by the broker: ") + amqp_reply_name(m->reply_code) + " (" +
+                      std::to_string(m->reply_code) + "): " + string_of(m->reply_text)};
+          break;
+        }
+        default:
+          break;  // connection.blocked/unblocked and the like: the deadline bounds a blocked batch
+      }
+    }
+    amqp_maybe_release_buffers(c);
+    return stop;
+  }
+
+  // The headers table of one event; nullopt (with why) when the row's headers cannot be sent.
+  static std::optional<std::string> build_headers(const Event& e, const std::string& id,
+                                                  std::vector<amqp_table_entry_t>& entries) {
+    entries.clear();
+    auto add = [&](const std::string& key, const std::string& value) {
+      amqp_table_entry_t entry{};
+      entry.key = bytes_of(key);
+      entry.value.kind = AMQP_FIELD_KIND_UTF8;
+      entry.value.value.bytes = bytes_of(value);
+      entries.push_back(entry);
+    };
+    static const std::string kId = "outbox-id", kTopic = "outbox-topic", kKey = "outbox-key",
+                             kCreatedAt = "outbox-created-at";
+    add(kId, id);
+    add(kTopic, e.topic);
+    add(kKey, e.key);
+    add(kCreatedAt, e.created_at);
+    std::size_t total = 0;
+    for (const auto& [header, value] : e.headers) {
+      if (header == kId || header == kTopic || header == kKey || header == kCreatedAt) continue;  // ours
+      if (header.empty() || header.size() > kMaxHeaderKey) {
+        return "header name '" + header.substr(0, 40) + "' is empty or longer than 128 bytes (AMQP table key)";
+      }
+      total += header.size() + value.size() + 6;
+      if (total > kMaxHeadersBytes) return "the row's headers exceed 64 KiB (they travel in one AMQP frame)";
+      add(header, value);
+    }
+    return std::nullopt;
+  }
+
+  // Publishes the undecided events in id order, at most window without a confirm, then reads
+  // until each published event is confirmed. Events of a key with an earlier failure are
+  // deferred, not sent.
+  Stop round(Batch& b, std::size_t window, SteadyClock::time_point deadline) {
+    amqp_connection_state_t c = connection.get();
+    b.first_tag = next_tag;
+    b.tagged.clear();
+    b.confirmed.clear();
+    b.lowest_unconfirmed = 0;
+    b.in_flight = 0;
+    std::vector<amqp_table_entry_t> entries;
+    Stop stop;
+    for (std::size_t i = 0; i < b.events.size() && stop.kind == Stop::kNone; ++i) {
+      if (b.results[i]) continue;
+      const Event& e = *b.events[i];
+      if (b.held.holds(e)) {
+        b.set(i, Outcome::deferred());
+        continue;
+      }
+      const std::string id = std::to_string(e.id);
+      if (auto bad = build_headers(e, id, entries)) {
+        b.set(i, Outcome::permanent(*bad));
+        continue;
+      }
+      amqp_basic_properties_t props{};
+      props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_MESSAGE_ID_FLAG |
+                     AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_APP_ID_FLAG | AMQP_BASIC_HEADERS_FLAG;
+      props.content_type = amqp_cstring_bytes("application/json");
+      props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+      props.message_id = bytes_of(id);
+      props.timestamp = static_cast<std::uint64_t>(std::max<std::int64_t>(0, e.created_at_us / 1'000'000));
+      props.app_id = amqp_cstring_bytes("outbox-relay");
+      props.headers = amqp_table_t{static_cast<int>(entries.size()), entries.data()};
+      const int rc = amqp_basic_publish(c, kChannel, bytes_of(b.exchanges[i]), bytes_of(b.routing_keys[i]),
+                                        /*mandatory=*/1, /*immediate=*/0, &props, bytes_of(e.payload));
+      if (rc != AMQP_STATUS_OK) {
+        stop = {Stop::kLost, 0, std::string("publish failed: ") + amqp_error_string2(rc)};
+        break;
+      }
+      ++next_tag;
+      b.tagged.push_back(i);
+      b.confirmed.push_back(false);
+      ++b.in_flight;
+      while (stop.kind == Stop::kNone && b.in_flight >= window) stop = read_one(b, deadline);
+    }
+    while (stop.kind == Stop::kNone && b.in_flight > 0) stop = read_one(b, deadline);
+    return stop;
+  }
+
+  std::vector<Outcome> publish(std::span<const Event* const> events) {
+    const auto started = SteadyClock::now();
+    const auto deadline = started + config.timeout;
+    Batch b;
+    b.events = events;
+    const std::size_t n = events.size();
+    b.results.resize(n);
+    b.returned.resize(n);
+    b.exchanges.resize(n);
+    b.routing_keys.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Event& e = *events[i];
+      b.index_of.emplace(e.id, i);
+      b.exchanges[i] = render_rabbitmq_template(config.exchange, e.topic, e.key);
+      b.routing_keys[i] = render_rabbitmq_template(config.routing_key, e.topic, e.key);
+      if (b.exchanges[i].size() > kMaxAmqpShortString) {
+        b.results[i] = Outcome::permanent("exchange name from template '" + config.exchange +
+                                          "' is longer than 255 bytes");
+      } else if (b.routing_keys[i].size() > kMaxAmqpShortString) {
+        b.results[i] = Outcome::permanent("routing key from template '" + config.routing_key +
+                                          "' is longer than 255 bytes");
+      }
+    }
+
+    std::unique_lock lock(mutex);
+    std::string failure;
+    // A channel error (e.g. a missing exchange, a message over the broker's size limit) closes
+    // the channel at the publish that caused it and drops the publishes after it. The sink then
+    // sends the undecided events one at a time until the one that closes the channel again is
+    // found (its reply code classifies it), and goes on pipelined after it.
+    bool one_at_a_time = false;
+    std::size_t rounds = 0;
+    while (failure.empty()) {
+      if (std::all_of(b.results.begin(), b.results.end(), [](const auto& r) { return r.has_value(); })) break;
+      if (SteadyClock::now() >= deadline) {
+        failure = "no publisher confirm within timeout " + config::format_duration(config.timeout);
+        break;
+      }
+      if (!connection && !connect(deadline)) {
+        failure = "not connected: " + last_connect_error;
+        break;
+      }
+      ++rounds;
+      watchdog.arm(amqp_get_sockfd(connection.get()), deadline + kWatchdogGrace);
+      const std::size_t window = one_at_a_time ? 1 : static_cast<std::size_t>(config.max_in_flight);
+      Stop stop = round(b, window, deadline);
+      if (watchdog.disarm() && stop.kind == Stop::kNone) {
+        stop = {Stop::kLost, 0, "the socket outlived timeout and was shut down"};
+      }
+      if (stop.kind == Stop::kNone) continue;
+      if (stop.kind == Stop::kChannelClosed) {
+        // One at a time, the one in flight caused it; pipelined, anything unconfirmed may have.
+        if (one_at_a_time && b.in_flight == 1) {
+          const std::size_t culprit = b.tagged.back();
+          switch (classify_amqp_reply(stop.code)) {
+            case AmqpErrorClass::kPermanent: b.set(culprit, Outcome::permanent(stop.reason)); break;
+            case AmqpErrorClass::kRetry: b.set(culprit, Outcome::retry(stop.reason)); break;
+          }
+          one_at_a_time = false;
+        } else {
+          one_at_a_time = true;
+        }
+        drop(stop.reason);
+        continue;
+      }
+      failure = stop.reason;
+      drop(stop.reason);
+    }
+    // publish() must never return with a connection whose publishes are unconfirmed: a late
+    // confirm would be read as one of the next batch's.
+    if (!failure.empty()) drop(failure);
+    lock.unlock();
+
+    std::vector<Outcome> outcomes;
+    outcomes.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      outcomes.push_back(b.results[i] ? std::move(*b.results[i]) : Outcome::retry(failure));
+    }
+    hold_back_after_failures(events, outcomes);
+    log_batch(outcomes, rounds, started);
+    return outcomes;
+  }
+
+  void log_batch(const std::vector<Outcome>& outcomes, std::size_t rounds, SteadyClock::time_point started) const {
+    std::size_t delivered = 0, retry = 0, permanent = 0, deferred = 0;
+    const Outcome* first_failure = nullptr;
+    for (const auto& o : outcomes) {
+      switch (o.kind) {
+        case OutcomeKind::kDelivered: ++delivered; break;
+        case OutcomeKind::kRetry: ++retry; break;
+        case OutcomeKind::kPermanent: ++permanent; break;
+        case OutcomeKind::kDeferred: ++deferred; break;
+      }
+      if (!first_failure && (o.kind == OutcomeKind::kRetry || o.kind == OutcomeKind::kPermanent)) first_failure = &o;
+    }
+    const double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - started).count();
+    if (!first_failure) {
+      log::debug("rabbitmq batch confirmed", {{"sink", name}, {"events", outcomes.size()}, {"ms", ms}});
+      return;
+    }
+    log::warn("rabbitmq batch not fully delivered", {{"sink", name},
+                                                     {"delivered", delivered},
+                                                     {"retry", retry},
+                                                     {"permanent", permanent},
+                                                     {"deferred", deferred},
+                                                     {"rounds", rounds},
+                                                     {"ms", ms},
+                                                     {"first_error", first_failure->reason}});
+  }
+};
+
+RabbitmqSink::RabbitmqSink(std::string name, RabbitmqSinkConfig config)
+    : impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
+  Impl& impl = *impl_;
+  {
+    std::lock_guard lock(impl.mutex);
+    impl.connect(SteadyClock::now() + impl.config.timeout);
+  }
+  impl.keeper = std::thread([&impl] { impl.keep_loop(); });
+}
+
+RabbitmqSink::~RabbitmqSink() = default;
+
+const std::string& RabbitmqSink::name() const { return impl_->name; }
+
+std::vector<Outcome> RabbitmqSink::publish(std::span<const Event* const> events) { return impl_->publish(events); }
+
+bool RabbitmqSink::usable() const { return impl_->up.load(); }
+
+std::uint64_t RabbitmqSink::connections_opened() const { return impl_->opened.load(); }
+
+}  // namespace outbox::sinks

@@ -1,0 +1,211 @@
+"""Issue 13: the RabbitMQ sink with the real relay binary, a real Postgres and a real RabbitMQ node
+(Debian's rabbitmq-server, started by the test run on a free 127.0.0.1 port, see
+rabbitmq_fixtures.py). Messages are read back with pika, RabbitMQ's Python client."""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+import uuid
+
+from conftest import Writers, base_config, run_cli, run_config, wait_until
+from rabbitmq_fixtures import check_order, rabbitmq, read_queue  # noqa: F401
+
+
+def unique(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def rabbitmq_sink(url, exchange, **extra):
+    sink = {"name": "rabbitmq", "type": "rabbitmq", "url": url, "exchange": exchange}
+    sink.update(extra)
+    return [sink]
+
+
+def pending(db):
+    return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL")
+
+
+def rows_by_id(db):
+    return {r[0]: r[1:] for r in db.query(
+        "SELECT id, topic, aggregate_id, payload::text, headers::text, created_at, processed_at, attempts, "
+        "dead_lettered_at, last_error FROM outbox_events")}
+
+
+def test_20000_events_reach_the_queue_once_in_key_order_with_their_properties(db, relays, rabbitmq):
+    exchange, queue = unique("outbox"), unique("orders")
+    rabbitmq.declare(exchange, queue, "order.#")
+    row_topic = "order." + uuid.uuid4().hex[:8]
+    relay = relays(base_config(db, rabbitmq_sink(rabbitmq.url, exchange)))
+    relay.wait_log("ordering lanes rebalanced")
+
+    writers = Writers(db, count=4, per_writer=5000, keys=200, topic=row_topic).start()
+    with_headers = db.insert([(row_topic, f"key-{i}", {"special": i}, {"trace-id": f"t-{i}", "tenant": "acme"})
+                              for i in range(10)])
+    writers.join()
+    started = time.monotonic()
+    wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows")
+    drained_after = time.monotonic() - started
+    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert db.scalar("SELECT count(*) FROM outbox_events") == 20_010
+
+    messages = read_queue(rabbitmq, queue)
+    assert len(messages) == 20_010, "exactly one message per event"
+    result = check_order(messages)
+    assert result["duplicates"] == 0
+    rows = rows_by_id(db)
+    assert result["ids"] == set(rows)
+
+    for m in messages:
+        topic, key, payload, _, created_at, *_ = rows[m.outbox_id]
+        assert m.routing_key == topic  # routing_key template "{topic}" (the default)
+        assert m.key == key
+        assert m.body.decode() == payload  # the payload's JSON text as Postgres renders it
+        assert m.delivery_mode == 2 and m.content_type == "application/json"
+        assert m.headers["outbox-id"] == m.message_id
+        assert m.headers["outbox-topic"] == topic
+        sent = datetime.datetime.fromisoformat(m.headers["outbox-created-at"].replace("Z", "+00:00"))
+        assert sent == created_at
+        assert m.timestamp == int(created_at.timestamp())
+    for i, oid in enumerate(with_headers):
+        m = next(m for m in messages if m.outbox_id == oid)
+        assert {k: v for k, v in m.headers.items() if not k.startswith("outbox-")} == {"trace-id": f"t-{i}",
+                                                                                       "tenant": "acme"}
+    assert relay.alive()
+    print(f"\n20,010 events drained {drained_after:.1f}s after the writers finished")
+
+
+def test_node_killed_mid_drain_and_restarted_nothing_lost_duplicates_reported(db, relays, rabbitmq):
+    exchange, queue = unique("outbox"), unique("payments")
+    rabbitmq.declare(exchange, queue, "#")
+    row_topic = unique("payment")
+    relay = relays(base_config(db, rabbitmq_sink(rabbitmq.url, exchange, timeout="2s"),
+                               backoff={"initial": "200ms", "max": "2s"}))
+    relay.wait_log("ordering lanes rebalanced")
+
+    writers = Writers(db, count=4, per_writer=5000, keys=100, topic=row_topic, pause=0.02).start()
+    wait_until(lambda: db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL") >= 3000,
+               timeout=60, message="3,000 events delivered before the kill")
+    rabbitmq.kill()  # SIGKILL mid-drain: the batch in flight loses its broker
+    killed_at = time.monotonic()
+    done_at_kill = db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL")
+    time.sleep(2)  # the outage the relay must ride out (not a correctness wait)
+    # While the node is gone, at most the batches already confirmed complete.
+    done_during_outage = db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL")
+    assert done_during_outage - done_at_kill <= 1000, "rows marked done while no broker could confirm them"
+    assert relay.alive()
+    rabbitmq.restart()
+    down_for = time.monotonic() - killed_at
+    writers.join()
+    wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows after the restart")
+
+    rows = rows_by_id(db)
+    assert len(rows) == 20_000
+    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    retried = db.scalar("SELECT count(*) FROM outbox_events WHERE attempts > 0")
+    assert retried > 0, "the outage should have made some batches retry"
+
+    messages = read_queue(rabbitmq, queue)
+    result = check_order(messages)
+    # Every row the relay marked done is in the queue: nothing was marked without a confirm.
+    assert result["ids"] == set(rows)
+    assert len(messages) == 20_000 + result["duplicates"]
+    for m in messages:
+        assert m.key == rows[m.outbox_id][1]
+    assert relay.alive()
+    reconnects = [line for line in relay.logs() if line.get("msg") == "rabbitmq connected"]
+    assert len(reconnects) >= 2, "the sink connected again after the restart"
+    print(f"\nnode down {down_for:.1f}s; {retried} rows retried; {len(messages)} messages for 20,000 rows: "
+          f"{result['duplicates']} at-least-once duplicates")
+
+
+def test_unroutable_and_oversized_events_are_dead_lettered_at_once_and_the_rest_flow(db, relays, rabbitmq):
+    exchange, queue = unique("outbox"), unique("orders")
+    rabbitmq.declare(exchange, queue, "order.#")
+    relay = relays(base_config(db, rabbitmq_sink(rabbitmq.url, exchange), max_attempts=5))
+    relay.wait_log("ordering lanes rebalanced")
+    big = {"blob": "x" * 1_500_000}  # over the node's max_message_size (1 MiB)
+    ids = db.insert([("order.a", "k1", {"n": 1}),
+                     ("nobody.listens", "k1", {"n": 2}),  # no binding: returned NO_ROUTE
+                     ("order.a", "k1", {"n": 3}),
+                     ("order.b", "k2", {"n": 4}),
+                     ("order.b", "k2", big),  # the channel is closed: PRECONDITION_FAILED
+                     ("order.b", "k2", {"n": 6}),
+                     ("order.c", "k3", {"n": 7})])
+    wait_until(lambda: pending(db) == 0, timeout=60, message="no pending rows")
+    rows = rows_by_id(db)
+    # rows: topic, aggregate_id, payload, headers, created_at, processed_at, attempts, dead_lettered_at, last_error
+    unroutable, oversized = rows[ids[1]], rows[ids[4]]
+    for dead in (unroutable, oversized):
+        assert dead[7] is not None and dead[5] is None, "dead-lettered, not delivered"
+        assert dead[6] == 1, "dead-lettered at the first attempt"
+    assert unroutable[8].startswith("rabbitmq: returned by the broker: NO_ROUTE (312)"), unroutable[8]
+    assert f"exchange '{exchange}', routing key 'nobody.listens'" in unroutable[8]
+    assert oversized[8].startswith("rabbitmq: channel closed by the broker: PRECONDITION_FAILED (406)"), oversized[8]
+    delivered = [ids[0], ids[2], ids[3], ids[5], ids[6]]
+    for oid in delivered:
+        assert rows[oid][5] is not None, f"event {oid} was delivered"
+        assert rows[oid][6] == 0, f"event {oid} was delivered at the first attempt"
+    messages = read_queue(rabbitmq, queue)
+    # Events published before the oversized one in the same batch may arrive twice (their
+    # confirms died with the channel); each arrives, in key order, and nothing else does.
+    result = check_order(messages)
+    assert result["ids"] == set(delivered)
+    failed = run_cli("failed", "list", "--json", env={"DATABASE_URL": db.url})
+    assert "NO_ROUTE" in failed.stdout and "PRECONDITION_FAILED" in failed.stdout
+    assert relay.alive()
+    print(f"\nlast_error: {unroutable[8][:120]} | {oversized[8][:120]}; {result['duplicates']} duplicates")
+
+
+def test_bad_rabbitmq_config_exits_2_naming_the_key(db, workdir):
+    cases = (
+        ({"name": "r", "type": "rabbitmq", "exchange": "x"}, "sinks[0].url: required"),
+        (rabbitmq_sink("http://127.0.0.1:5672", "x")[0], "sinks[0].url: expected amqp://"),
+        (rabbitmq_sink("amqps://127.0.0.1", "x")[0], "sinks[0].url: amqps:// (TLS) is not supported"),
+        ({"name": "r", "type": "rabbitmq", "url": "amqp://127.0.0.1"}, "sinks[0].exchange: required"),
+        (rabbitmq_sink("amqp://127.0.0.1", "events/{topic}")[0], "sinks[0].exchange: unexpected '/'"),
+        (rabbitmq_sink("amqp://127.0.0.1", "x", routing_key="{id}")[0], "sinks[0].routing_key: unexpected '{'"),
+        (rabbitmq_sink("amqp://127.0.0.1", "x", timeout="1ms")[0], "sinks[0].timeout: expected 100ms to 10m"),
+        (rabbitmq_sink("amqp://127.0.0.1", "x", max_in_flight=0)[0], "sinks[0].max_in_flight"),
+        (rabbitmq_sink("amqp://127.0.0.1", "x", mandatory=False)[0], "sinks[0].mandatory: unknown key"),
+    )
+    for sink, expected in cases:
+        proc = run_config(workdir, base_config(db, [sink]), timeout=30)
+        assert proc.returncode == 2, proc.stderr
+        assert expected in proc.stderr, proc.stderr
+    # A bad URL never shows its password.
+    proc = run_config(workdir, base_config(db, rabbitmq_sink("amqp://u:pw-in-a-bad-url@h:port/", "x")), timeout=30)
+    assert proc.returncode == 2
+    assert "pw-in-a-bad-url" not in proc.stderr
+
+
+def test_rabbitmq_password_never_reaches_the_logs(db, relays, rabbitmq):
+    exchange, queue = unique("outbox"), unique("secret")
+    rabbitmq.declare(exchange, queue, "#")
+    # The password from the environment; a second sink with a wrong password makes the sink log
+    # its login failures too.
+    wrong = "wrong-" + uuid.uuid4().hex
+    sinks = rabbitmq_sink(f"amqp://relay:${{RMQ_PASSWORD}}@127.0.0.1:{rabbitmq.port}/", exchange)
+    sinks.append({"name": "rabbitmq-bad", "type": "rabbitmq", "exchange": exchange, "timeout": "1s",
+                  "url": f"amqp://relay:{wrong}@127.0.0.1:{rabbitmq.port}/"})
+    config = base_config(db, sinks)
+    config["routes"] = [{"topics": ["ok.*"], "sinks": ["rabbitmq"]}, {"topics": ["bad.*"], "sinks": ["rabbitmq-bad"]}]
+    config["log"] = {"level": "debug"}
+    relay = relays(config, env={"RMQ_PASSWORD": rabbitmq.password})
+    relay.wait_log("ordering lanes rebalanced")
+    ids = db.insert([("ok.one", "k", {"n": 1}), ("bad.one", "k2", {"n": 2})])
+    wait_until(lambda: db.scalar("SELECT processed_at IS NOT NULL FROM outbox_events WHERE id = %s", (ids[0],)),
+               timeout=30, message="delivered")
+    wait_until(lambda: db.scalar("SELECT attempts FROM outbox_events WHERE id = %s", (ids[1],)) >= 1,
+               timeout=30, message="the event for the wrong password retried")
+    assert relay.stop() == 0
+    logs = relay.raw_logs()
+    assert rabbitmq.password not in logs
+    assert wrong not in logs
+    assert "ACCESS_REFUSED" in logs  # the login failure is logged, without the password
+    started = next(l for l in relay.logs() if l.get("msg") == "starting outbox-relay")
+    assert started["config"]["sinks"][0]["url"] == f"amqp://relay:*****@127.0.0.1:{rabbitmq.port}/"
+    assert started["config"]["sinks"][1]["url"] == f"amqp://relay:*****@127.0.0.1:{rabbitmq.port}/"
+    last_error = db.scalar("SELECT last_error FROM outbox_events WHERE id = %s", (ids[1],))
+    assert "ACCESS_REFUSED" in last_error and wrong not in last_error
+    assert [m.outbox_id for m in read_queue(rabbitmq, queue)] == [ids[0]]
