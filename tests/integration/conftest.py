@@ -42,6 +42,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """n different free ports: each socket stays bound until all are chosen, so that the kernel
+    cannot hand out one port twice (free_port() called n times can)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 class Cluster:
     """One throwaway PostgreSQL 15 cluster (scripts/pg-cluster.sh)."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from conftest import free_port
+from conftest import free_ports
 
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 EPMD = shutil.which("epmd") or "/usr/bin/epmd"
@@ -34,8 +34,9 @@ class RabbitServer:
     def __init__(self, directory: Path, max_message_size: int = 1_048_576):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.epmd_port = free_port()
+        # Chosen together, once: the AMQP, epmd and distribution ports must differ, and stay the
+        # same across restarts.
+        self.port, self.epmd_port, self.dist_port = free_ports(3)
         self.user = "relay"
         self.password = "rmq-" + uuid.uuid4().hex  # a secret the tests look for in the relay's logs
         self.max_message_size = max_message_size
@@ -57,7 +58,7 @@ class RabbitServer:
                 "RABBITMQ_NODENAME": f"outbox-it-{self.port}@localhost",
                 "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
                 "RABBITMQ_NODE_PORT": str(self.port),
-                "RABBITMQ_DIST_PORT": str(free_port()),
+                "RABBITMQ_DIST_PORT": str(self.dist_port),
                 "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
                 "RABBITMQ_LOG_BASE": str(d / "log"),
                 "RABBITMQ_LOGS": str(d / "log" / "rabbit.log"),
