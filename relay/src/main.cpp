@@ -221,7 +221,8 @@ int main(int argc, char** argv) {
   outbox::config::Config config;
   try {
     config = load(o);
-    outbox::sinks::prepare_sinks(config);  // every command refuses a config whose sinks are wrong
+    // Every command refuses a config whose sinks are wrong; `run` reads them once, in run_relay.
+    if (!*run) outbox::sinks::prepare_sinks(config);
     if (*run && config.sinks.empty()) throw outbox::config::ConfigError("sinks: expected at least one sink");
   } catch (const outbox::config::ConfigError& e) {
     std::fprintf(stderr, "outbox-relay: config error: %s\n", outbox::log::redact(e.what()).c_str());
