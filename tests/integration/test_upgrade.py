@@ -186,8 +186,10 @@ def test_migrate_under_load_keeps_writers_committing_and_delivers_every_event_on
         assert again.returncode == 0 and f"schema is up to date (version {NEWEST})" in again.stdout, again.stdout
         assert schema_versions(db) == list(range(1, NEWEST + 1))
 
-        # Relay a, still running, switches to the new schema and delivers events written after it.
-        if newer:
+        # Relay a, still running, switches to the new schema and delivers events written after it:
+        # from schema 1 it finds the claim function of schema 2; from schema 2 on, the function is
+        # replaced in place and its next call runs the new body.
+        if from_version < 2:
             relay_a.wait_log("schema upgraded", timeout=10)
         wait_until(lambda: writers.check() and any(l["id"] > last_id_at_upgrade for l in read_jsonl(out_a)),
                    timeout=10, message="relay a delivering events committed after the upgrade")

@@ -209,7 +209,9 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   // waits for a retry (head-of-line per key); lease them; commit at once.
   impl_->claim_sql =
       "UPDATE " + t + " AS e SET lease_owner = $1, lease_until = now() + $2 * interval '1 millisecond' "
-      "FROM (SELECT c.id FROM " + t + " AS c "
+      // By id = ANY(array), primary-key lookups: a join to the chosen rows may be planned, on an
+      // empty table's statistics, as a walk of the whole table per claim (schema/003).
+      "WHERE e.id = ANY(ARRAY(SELECT c.id FROM " + t + " AS c "
       "       WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
       "         AND c.next_attempt_at <= now() "
       "         AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM $1)) "
@@ -219,8 +221,7 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "                          WHERE b.aggregate_id = c.aggregate_id AND b.id < c.id "
       "                            AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL "
       "                            AND b.attempts > 0 AND b.next_attempt_at > now()) "
-      "       ORDER BY c.id LIMIT $4 FOR UPDATE SKIP LOCKED) AS s "
-      "WHERE e.id = s.id "
+      "       ORDER BY c.id LIMIT $4 FOR UPDATE SKIP LOCKED)) "
       // The lease need not survive a database crash: a lost lease only makes the row claimable
       // again (at least once, as always). So this statement's commit skips the WAL flush (the
       // complete that follows is durable and flushes this record too). set_config(..., true)
@@ -265,7 +266,8 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "  dead_lettered_at = CASE WHEN r.kind = 'dead' THEN now() ELSE NULL END, "
       "  sinks_done = r.sinks_done, lease_owner = NULL, lease_until = NULL "
       "FROM jsonb_to_recordset($2::jsonb) AS r(id bigint, kind text, delay_ms bigint, error text, sinks_done text[]) "
-      "WHERE e.id = r.id AND e.processed_at IS NULL) "
+      "WHERE e.id = r.id AND e.processed_at IS NULL "
+      "  AND e.id = ANY(ARRAY(SELECT (f->>'id')::bigint FROM jsonb_array_elements($2::jsonb) AS f))) "
       "SELECT 1";
 }
 
