@@ -2,6 +2,7 @@
 # Shared by bench/steady.sh and bench/writers.sh: runs bench/NAME.py on a throwaway PostgreSQL 15
 # cluster with fsync on, writes bench/out/NAME-<time>.json, and cleans up (cluster stopped,
 # scratch directory removed) also on failure or Ctrl-C.  Usage: bench/cost-run.sh NAME [options]
+# (BENCH_PYTHON: the Python to run it with; python3 by default)
 set -euo pipefail
 name=${1:?usage: cost-run.sh NAME [options]}
 shift
@@ -10,7 +11,7 @@ PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 export PATH="$PGBIN:$PATH"
 
 for a in "$@"; do
-  case "$a" in -h|--help) exec python3 "$root/bench/$name.py" --help ;; esac
+  case "$a" in -h|--help) exec "${BENCH_PYTHON:-python3}" "$root/bench/$name.py" --help ;; esac
 done
 for tool in psql pgbench initdb pg_ctl python3; do
   command -v "$tool" > /dev/null || { echo "$name.sh: $tool not found (PGBIN=$PGBIN; install PostgreSQL 15: scripts/install-deps.sh)" >&2; exit 1; }
@@ -35,6 +36,6 @@ export BENCH_DATABASE_URL
 
 mkdir -p "$root/bench/out"
 out="$root/bench/out/$name-$(date +%Y%m%d-%H%M%S).json"
-python3 "$root/bench/$name.py" --pg-dir "$work/pg" --work "$work" --out "$out" "$@" &
+"${BENCH_PYTHON:-python3}" "$root/bench/$name.py" --pg-dir "$work/pg" --work "$work" --out "$out" "$@" &
 child=$!
 wait "$child"

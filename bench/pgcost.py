@@ -289,8 +289,9 @@ def window(a: Snapshot, b: Snapshot, relay_children_cpu: float = 0.0) -> dict:
 # pgbench
 
 def pgbench(env: dict, script: Path, clients: int, jobs: int, seconds: float, rate: float | None = None,
-            timeout: float | None = None, popen=False, log_prefix: Path | None = None):
-    """log_prefix: per-transaction log (-l), read back by txn_log_summary()."""
+            timeout: float | None = None, popen=False, log_prefix: Path | None = None, extra=()):
+    """log_prefix: per-transaction log (-l), read back by txn_log_summary(); extra: more pgbench
+    options (e.g. --sampling-rate=0.1 with log_prefix)."""
     cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(jobs, clients)),
            "-T", str(int(math.ceil(seconds))), "-f", str(script)]
     if rate:
@@ -299,6 +300,7 @@ def pgbench(env: dict, script: Path, clients: int, jobs: int, seconds: float, ra
         for old in log_prefix.parent.glob(log_prefix.name + ".*"):
             old.unlink()
         cmd += ["-l", f"--log-prefix={log_prefix}"]
+    cmd += list(extra)
     if popen:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout or seconds + 120)
@@ -349,9 +351,15 @@ def event_values(key_expr: str, order_expr: str) -> str:
     return "('order.paid', 'k' || " + key_expr + ", " + payload_expr(order_expr) + ")"
 
 
-def insert_script(path: Path, table: str) -> Path:
-    path.write_text("\\set k random(1, 1000)\n\\set o random(1, 10000000)\n"
-                    f"INSERT INTO {table} (topic, aggregate_id, payload) VALUES {event_values(':k', ':o')};\n")
+def insert_script(path: Path, table: str, events_per_txn: int = 1) -> Path:
+    """One INSERT per transaction of `events_per_txn` events (each its own random key)."""
+    if events_per_txn == 1:
+        path.write_text("\\set k random(1, 1000)\n\\set o random(1, 10000000)\n"
+                        f"INSERT INTO {table} (topic, aggregate_id, payload) VALUES {event_values(':k', ':o')};\n")
+    else:
+        path.write_text(f"INSERT INTO {table} (topic, aggregate_id, payload) SELECT 'order.paid', "
+                        f"'k' || (1 + floor(random() * 1000)::int), {payload_expr('(floor(random() * 10000000)::int)')} "
+                        f"FROM generate_series(1, {events_per_txn});\n")
     return path
 
 
@@ -589,14 +597,30 @@ def metrics_delta(before: dict, after: dict) -> dict:
 # --------------------------------------------------------------------------------------------
 # The sink tailer
 
+_IN_MODIFY = 0x00000002
+_IN_NONBLOCK = 0o4000
+_IN_CLOEXEC = 0o2000000
+
+
+def inotify_fd(path: Path):
+    """A non-blocking inotify descriptor watching `path` for writes, or None (then poll)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            return None
+        if libc.inotify_add_watch(fd, str(path).encode(), _IN_MODIFY) < 0:
+            os.close(fd)
+            return None
+        return fd
+    except (OSError, AttributeError):
+        return None
+
+
 class Tailer(threading.Thread):
     """Reads the sink file as it grows and stamps every complete line with time.time() right
     after reading it (so a stamp is never earlier than the line's arrival; it may be later by
     the read and the wakeup of this thread, tens of microseconds)."""
-
-    IN_MODIFY = 0x00000002
-    IN_NONBLOCK = 0o4000
-    IN_CLOEXEC = 0o2000000
 
     def __init__(self, path: Path, poll_seconds=0.0005):
         super().__init__(daemon=True)
@@ -622,19 +646,6 @@ class Tailer(threading.Thread):
     def count(self) -> int:
         return len(self.stamps)
 
-    def _inotify(self):
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            fd = libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC)
-            if fd < 0:
-                return None
-            if libc.inotify_add_watch(fd, str(self.path).encode(), self.IN_MODIFY) < 0:
-                os.close(fd)
-                return None
-            return fd
-        except (OSError, AttributeError):
-            return None
-
     def run(self):
         try:
             self._run()
@@ -643,7 +654,7 @@ class Tailer(threading.Thread):
 
     def _run(self):
         fd = os.open(self.path, os.O_RDONLY)
-        ino = self._inotify()
+        ino = inotify_fd(self.path)
         poller = None
         if ino is not None:
             poller = select.poll()
@@ -676,15 +687,19 @@ class Tailer(threading.Thread):
                 lines = data.split(b"\n")
                 partial = lines.pop()
                 if lines:
-                    with self.lock:
-                        self.stamps.extend((now, l) for l in lines if l)
-                        if self.target is not None and len(self.stamps) >= self.target and not self.reached.is_set():
-                            self.reached_at = time.monotonic()
-                            self.reached.set()
+                    self.take_lines(lines, now)
         finally:
             os.close(fd)
             if ino is not None:
                 os.close(ino)
+
+    def take_lines(self, lines: list, now: float):
+        """Complete lines read at `now` (time.time()); a subclass may keep less."""
+        with self.lock:
+            self.stamps.extend((now, l) for l in lines if l)
+            if self.target is not None and len(self.stamps) >= self.target and not self.reached.is_set():
+                self.reached_at = time.monotonic()
+                self.reached.set()
 
     def stop(self):
         self._halt.set()

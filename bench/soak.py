@@ -1,0 +1,651 @@
+#!/usr/bin/env python3
+"""Scale over time (issue 11), on a cluster that bench/soak.sh started: does the relay's cost stay
+flat as the backlog, the table's history and the hours grow? outbox_events is migrated by the
+binary under test; the relay drains to a file sink (fsync, batch_size 500) with its HTTP listener
+on a free local port (/readyz, /metrics), DATABASE_URL in its environment.
+
+1. Backlog size: N (200,000) and 10 N (2,000,000) pending events, seeded in one INSERT (the
+   payload of bench/run.sh, about 100 bytes of JSON; one key per 20 events in both), VACUUM
+   ANALYZE, CHECKPOINT; then a relay drains them: events / (last line in the sink - relay ready).
+   Target: the large drain >= 0.8 x the events/s of the small one.
+2. History: N pending events in a table that also holds H (10,000,000) processed rows (seeded
+   with processed_at set, below the pending ids; on_success mark, no retention), against the same
+   drain with no history (point 1's small drain, run again here). Claim p99 from the relay's
+   outbox_relay_claim_duration_seconds histogram (delta over the drain, interpolated inside its
+   bucket as Prometheus' histogram_quantile does). Targets: >= 0.9 x the events/s, claim p99 <=
+   1.5 x.
+3. Soak: paced writers (pgbench -R RATE -c 8 -j 2, single-row INSERTs as in bench/steady.sh) for
+   --soak-minutes (30) at --soak-rate (default: 40 % of point 1's small drain rate), with a relay
+   running on_success mark + retention 2m, then again on a fresh table with on_success delete.
+   Every 30 s: the table's, its TOAST's and each index's size, n_live_tup/n_dead_tup, autovacuum
+   and autoanalyze runs, commit-to-sink p50/p99/max of the lines that reached the sink in the
+   window (the line's arrival time minus the row's created_at, as in bench/steady.py), relay CPU
+   and Postgres CPU (the whole cluster: writers' backends, the relay's sessions, autovacuum,
+   checkpointer) per event. Targets: after minute 10 the table + TOAST + indexes stay within
+   +-25 % of the minute-10 size; every window's p99 <= 20 ms; CPU per event (relay + Postgres) in
+   the last 10 minutes <= 1.2 x the first 10 minutes. Every id up to the last one written reaches
+   the sink exactly once. Plot: bench/soak-<mode>.png (size, dead tuples, latency per window).
+4. Catch-up: writers at the soak rate; the relay is stopped until the backlog reaches
+   --catchup-backlog (1,000,000); then it starts (mark + retention 2m) while the writers go on.
+   Time until the backlog is gone (pending < what the writers add in 100 ms), the catch-up rate
+   (events that reached the sink in that time / time) against point 1's quiet drain, and the
+   writers' commit latency p99 during the catch-up against the mark soak's (pgbench -l, 10 %
+   of transactions sampled).
+
+Prints a markdown table of points 1-4 with the targets and whether each held; writes one JSON
+file (--out). Standard library only, except matplotlib for the plots (skipped without it)."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pgcost as pc  # noqa: E402
+
+TAG = "soak"
+SAMPLE_SECONDS = 30.0
+
+
+def log(msg):
+    pc.log(TAG, msg)
+
+
+# ----------------------------------------------------------------------------------------------
+# The sink, read as it grows: no line is kept (a soak writes tens of millions).
+
+class StreamTailer(pc.Tailer):
+    """pgcost.Tailer that keeps no line: per line, the id (delivered once?) and the commit-to-sink
+    latency = arrival - created_at, kept for the current window only."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self.n = 0
+        self.window = []          # latencies (ms) since the last take()
+        self.seen = bytearray()   # seen[id]: times delivered (saturating)
+        self.duplicates = 0
+        self.max_id = 0
+        self.last_arrival = None  # time.monotonic() of the newest line
+        self.last_latency_ms = None
+
+    def count(self) -> int:
+        return self.n
+
+    def take_lines(self, lines, now):
+        mono = time.monotonic()
+        lat = []
+        ids = []
+        for line in lines:
+            if not line:
+                continue
+            # {"id":N,"topic":...,"created_at":"..."}  (the file sink's line, relay/src/sinks/file/file_sink.cpp)
+            ids.append(int(line[6:line.index(b",", 6)]))
+            c = line.rindex(b'"created_at":"') + 14
+            created = dt.datetime.fromisoformat(line[c:line.index(b'"', c)].decode()).timestamp()
+            lat.append((now - created) * 1000.0)
+        if not ids:
+            return
+        with self.lock:
+            top = max(ids)
+            if top >= len(self.seen):
+                self.seen.extend(bytes(top + 1 - len(self.seen) + (1 << 20)))
+            for i in ids:
+                if self.seen[i]:
+                    self.duplicates += 1
+                if self.seen[i] < 255:
+                    self.seen[i] += 1
+            self.max_id = max(self.max_id, top)
+            self.n += len(ids)
+            self.window.extend(lat)
+            self.last_arrival = mono
+            self.last_latency_ms = lat[-1]
+
+    def take(self):
+        """(lines since the start, latencies of the window) and a new window."""
+        with self.lock:
+            w, self.window = self.window, []
+            return self.n, w
+
+    def missing(self, up_to: int) -> int:
+        with self.lock:
+            n = min(up_to + 1, len(self.seen))
+            return sum(1 for i in range(1, n) if not self.seen[i]) + max(0, up_to + 1 - len(self.seen))
+
+    def stop(self):
+        self._halt.set()
+        self.join(timeout=10)
+
+
+# ----------------------------------------------------------------------------------------------
+
+def quantile_from_buckets(buckets: list, q: float):
+    """Prometheus histogram_quantile: buckets [(le, cumulative count)] sorted by le."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_c) / (c - prev_c) if c > prev_c else 0)
+        prev_le, prev_c = le, c
+    return None
+
+
+def histogram(m: dict, name: str) -> list:
+    out = []
+    for key, v in m.items():
+        if key.startswith(name + "_bucket{"):
+            le = re.search(r'le="([^"]+)"', key).group(1)
+            out.append((float("inf") if le == "+Inf" else float(le), v))
+    return sorted(out)
+
+
+def histogram_delta(before: dict, after: dict, name: str) -> list:
+    b = dict(histogram(before, name))
+    return [(le, c - b.get(le, 0.0)) for le, c in histogram(after, name)]
+
+
+class Soak:
+    def __init__(self, a, relay_bin):
+        self.a = a
+        self.relay_bin = relay_bin
+        self.work = Path(a.work)
+        self.db = pc.Db(a.url, a.pg_dir)
+        self.script = pc.insert_script(self.work / "insert.sql", "outbox_events", a.events_per_txn)
+
+    # -- table ----------------------------------------------------------------------------------
+    def reset(self):
+        self.db.psql("TRUNCATE outbox_events RESTART IDENTITY", "VACUUM outbox_events", "CHECKPOINT")
+
+    def seed(self, pending: int, history: int = 0):
+        """history processed rows (ids 1..history), then `pending` pending rows; one key per 20
+        events of the pending rows, the payload of bench/run.sh's seed."""
+        t0 = time.monotonic()
+        self.db.psql("TRUNCATE outbox_events RESTART IDENTITY")
+        payload = ("jsonb_build_object('order_id', g, 'amount_cents', 1999, 'currency', 'EUR', "
+                   "'customer', 'c-00042', 'status', 'paid')")
+        step = 1_000_000
+        for lo in range(1, history + 1, step):
+            hi = min(history, lo + step - 1)
+            self.db.psql("INSERT INTO outbox_events (topic, aggregate_id, payload, created_at, processed_at) "
+                         f"SELECT 'order.paid', 'order-' || (g % {max(1, history // 20)}), {payload}, "
+                         f"now() - interval '1 day', now() - interval '1 day' FROM generate_series({lo}, {hi}) AS g")
+        keys = max(1, pending // 20)
+        self.db.psql("INSERT INTO outbox_events (topic, aggregate_id, payload) "
+                     f"SELECT 'order.paid', 'order-' || (g % {keys}), {payload} FROM generate_series(1, {pending}) AS g",
+                     "VACUUM (ANALYZE) outbox_events", "CHECKPOINT")
+        log(f"seeded {pending:,} pending + {history:,} processed rows in {time.monotonic() - t0:.0f} s")
+
+    def sizes(self) -> dict:
+        rows = self.db.psql(
+            "SELECT 'table', pg_relation_size('outbox_events') UNION ALL "
+            "SELECT 'toast', coalesce(pg_relation_size(reltoastrelid), 0) FROM pg_class WHERE oid = 'outbox_events'::regclass "
+            "UNION ALL SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid) FROM pg_index i "
+            "WHERE i.indrelid = 'outbox_events'::regclass")
+        out = {}
+        for r in rows.splitlines():
+            k, _, v = r.partition("|")
+            out[k] = int(v)
+        out["total"] = sum(out.values())
+        return out
+
+    def stats(self) -> dict:
+        r = self.db.psql("SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count FROM pg_stat_user_tables "
+                         "WHERE relid = 'outbox_events'::regclass").split("|")
+        return {"n_live_tup": int(r[0]), "n_dead_tup": int(r[1]), "autovacuum_count": int(r[2]),
+                "autoanalyze_count": int(r[3])}
+
+    def last_id(self) -> int:
+        return int(self.db.psql("SELECT coalesce(max(id), 0) FROM outbox_events") or 0)
+
+    def sequence_last(self) -> int:
+        return int(self.db.psql("SELECT coalesce(last_value, 0) FROM outbox_events_id_seq") or 0)
+
+    # -- relay ----------------------------------------------------------------------------------
+    def start_relay(self, name, **relay_opts):
+        sink = self.work / f"{name}-sink.jsonl"
+        sink.unlink(missing_ok=True)
+        port = pc.free_port()
+        opts = {"batch_size": self.a.batch_size}
+        opts.update(relay_opts)
+        cfg = pc.write_relay_config(self.work / f"{name}.yaml", sink, port, opts, self.a.relay_config_extra)
+        tailer = StreamTailer(sink)
+        tailer.start()
+        relay = pc.Relay(self.relay_bin, cfg, self.db.relay_env(), self.work / f"{name}.log", port)
+        try:
+            relay.wait_ready()
+        except Exception:
+            relay.stop()
+            tailer.stop()
+            raise
+        return relay, tailer
+
+    def stop_relay(self, relay, tailer):
+        code = relay.stop()
+        tailer.stop()
+        if tailer.error:
+            raise RuntimeError(f"tailer failed: {tailer.error}")
+        if code != 0:
+            raise RuntimeError(f"relay exited with {code}:\n{relay.log_tail()}")
+
+    # -- 1 and 2 --------------------------------------------------------------------------------
+    def drain(self, name, pending, history=0, **relay_opts):
+        self.seed(pending, history)
+        first = history + 1
+        relay, tailer = self.start_relay(name, **relay_opts)
+        t0 = time.monotonic()
+        m0 = relay.metrics()
+        s0 = pc.Snapshot(self.db.postmaster, relay.pid)
+        deadline = t0 + self.a.drain_timeout
+        while tailer.count() < pending:
+            if time.monotonic() > deadline or not relay.alive():
+                relay.stop()
+                tailer.stop()
+                raise RuntimeError(f"{name}: {tailer.count():,} of {pending:,} events after "
+                                   f"{time.monotonic() - t0:.0f} s\n{relay.log_tail()}")
+            time.sleep(0.05)
+        t1 = tailer.last_arrival
+        s1 = pc.Snapshot(self.db.postmaster, relay.pid)
+        m1 = relay.metrics()
+        self.stop_relay(relay, tailer)
+        missing = sum(1 for i in range(first, first + pending) if i >= len(tailer.seen) or not tailer.seen[i])
+        claims = histogram_delta(m0, m1, "outbox_relay_claim_duration_seconds")
+        cpu = pc.window(s0, s1)
+        r = {"pending": pending, "history": history, "seconds": round(t1 - t0, 3),
+             "events_per_s": round(pending / (t1 - t0), 1), "missing": missing, "duplicated": tailer.duplicates,
+             "claims": int(claims[-1][1]) if claims else None,
+             "claim_p50_ms": round(1000 * (quantile_from_buckets(claims, 0.5) or 0), 3),
+             "claim_p99_ms": round(1000 * (quantile_from_buckets(claims, 0.99) or 0), 3),
+             "relay_us_per_event": round(1e6 * (cpu["relay_cpu_seconds"] or 0) / pending, 2),
+             "postgres_us_per_event": round(1e6 * cpu["postgres_cpu_seconds"] / pending, 2),
+             "foreign_cores": cpu["foreign_cores"], "sizes_after": self.sizes()}
+        log(f"{name}: {pending:,} events (history {history:,}) in {r['seconds']:.1f} s = {r['events_per_s']:,.0f}/s, "
+            f"claim p99 {r['claim_p99_ms']} ms, missing {missing}, duplicated {tailer.duplicates}")
+        return r
+
+    def backlog(self):
+        n = self.a.backlog
+        return {"small": self.drain("backlog-small", n), "large": self.drain("backlog-large", n * self.a.backlog_factor)}
+
+    def sustained(self, seconds=20.0):
+        """The relay's drain rate while writers share the machine with it: unpaced writers (the soak's
+        transactions, 8 connections) and a relay (on_success mark) for `seconds`; events that reach
+        the sink per second between 5 s and seconds - 5 s, and what the writers committed."""
+        self.reset()
+        relay, tailer = self.start_relay("sustained", on_success="mark")
+        p = pc.pgbench(self.db.env, self.script, self.a.clients, self.a.jobs, seconds, popen=True)
+        time.sleep(5)
+        c0, t0, id0 = tailer.count(), time.monotonic(), self.sequence_last()
+        time.sleep(seconds - 10)
+        c1, t1, id1 = tailer.count(), time.monotonic(), self.sequence_last()
+        out, err = p.communicate(timeout=120)
+        pc.parse_pgbench(p.returncode, out, err)
+        self.stop_relay(relay, tailer)
+        r = {"relay_events_per_s": round((c1 - c0) / (t1 - t0), 1), "writers_events_per_s": round((id1 - id0) / (t1 - t0), 1)}
+        log(f"sustained: writers {r['writers_events_per_s']:,.0f}/s, relay {r['relay_events_per_s']:,.0f}/s")
+        return r
+
+    def history(self):
+        n = self.a.backlog
+        return {"without": self.drain("history-none", n),
+                "with": self.drain("history-10m", n, history=self.a.history_rows)}
+
+    # -- 3 and 4 --------------------------------------------------------------------------------
+    def writers(self, seconds, log_prefix):
+        """pgbench at the soak rate, 10 % of its transactions logged."""
+        return pc.pgbench(self.db.env, self.script, self.a.clients, self.a.jobs, seconds,
+                          rate=self.a.soak_rate / self.a.events_per_txn,
+                          popen=True, log_prefix=log_prefix, extra=["--sampling-rate=0.1"])
+
+    @staticmethod
+    def writer_latencies(log_prefix: Path, since=None, until=None):
+        """Sampled pgbench -l lines: (epoch s at the end, execution ms = time - schedule lag)."""
+        v = []
+        for f in log_prefix.parent.glob(log_prefix.name + ".*"):
+            with open(f) as fh:
+                for line in fh:
+                    p = line.split()
+                    if len(p) < 6:
+                        continue
+                    end = int(p[4]) + int(p[5]) / 1e6
+                    if (since is not None and end < since) or (until is not None and end > until):
+                        continue
+                    lag = int(p[6]) if len(p) >= 7 and p[6].lstrip("-").isdigit() else 0
+                    v.append((int(p[2]) - lag) / 1000)
+        v.sort()
+        return {"count": len(v), "p50_ms": pc.pct(v, 0.5), "p99_ms": pc.pct(v, 0.99), "max_ms": pc.pct(v, 1.0)}
+
+    def soak(self, mode):
+        a = self.a
+        seconds = a.soak_minutes * 60
+        self.reset()
+        opts = {"on_success": mode}
+        if mode == "mark":
+            opts["retention"] = a.retention
+        relay, tailer = self.start_relay(f"soak-{mode}", **opts)
+        prefix = self.work / f"soak-{mode}-txn"
+        writers = self.writers(seconds, prefix)
+        t0 = time.monotonic()
+        wall0 = time.time()
+        snap = pc.Snapshot(self.db.postmaster, relay.pid)
+        tailer.take()
+        windows = []
+        log(f"soak ({mode}{', retention ' + a.retention if mode == 'mark' else ''}) at {a.soak_rate:,}/s "
+            f"for {a.soak_minutes:g} min; a sample every {SAMPLE_SECONDS:g} s")
+        try:
+            k = 1
+            while True:
+                target = t0 + k * SAMPLE_SECONDS
+                if k * SAMPLE_SECONDS > seconds + 0.5:
+                    break
+                time.sleep(max(0.0, target - time.monotonic()))
+                if not relay.alive():
+                    raise RuntimeError(f"relay exited:\n{relay.log_tail()}")
+                s = pc.Snapshot(self.db.postmaster, relay.pid)
+                count, lat = tailer.take()
+                cpu = pc.window(snap, s)
+                events = count - (windows[-1]["lines_total"] if windows else 0)
+                lat.sort()
+                w = {"t_s": round(s.t - t0, 1), "lines_total": count, "events": events,
+                     "p50_ms": pc.pct(lat, 0.5), "p99_ms": pc.pct(lat, 0.99), "max_ms": pc.pct(lat, 1.0),
+                     "relay_cpu_s": cpu["relay_cpu_seconds"], "postgres_cpu_s": cpu["postgres_cpu_seconds"],
+                     "foreign_cores": cpu["foreign_cores"],
+                     "relay_us": round(1e6 * cpu["relay_cpu_seconds"] / events, 1) if events else None,
+                     "postgres_us": round(1e6 * cpu["postgres_cpu_seconds"] / events, 1) if events else None,
+                     "sizes": self.sizes(), **self.stats()}
+                windows.append(w)
+                snap = s
+                k += 1
+                log(f"  {w['t_s'] / 60:5.1f} min: {events / SAMPLE_SECONDS:7,.0f}/s, p50 {pc.fmt(w['p50_ms'], 2)} "
+                    f"p99 {pc.fmt(w['p99_ms'], 2)} max {pc.fmt(w['max_ms'], 1)} ms, size {w['sizes']['total'] / 2**20:7.1f} MiB, "
+                    f"dead {w['n_dead_tup']:,}, autovacuum {w['autovacuum_count']}, "
+                    f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}")
+            out, err = writers.communicate(timeout=120)
+            wr = pc.parse_pgbench(writers.returncode, out, err)
+        finally:
+            if writers.poll() is None:
+                writers.terminate()
+                writers.wait()
+        # the last events: every id written reaches the sink exactly once
+        last = self.sequence_last()
+        deadline = time.monotonic() + 60
+        while tailer.max_id < last or tailer.missing(last):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        missing = tailer.missing(last)
+        duplicated = tailer.duplicates
+        self.stop_relay(relay, tailer)
+        r = {"mode": mode, "rate": a.soak_rate, "minutes": a.soak_minutes, "windows": windows, "writers": wr,
+             "writer_txn": self.writer_latencies(prefix), "last_id": last, "missing": missing,
+             "duplicated": duplicated, "wall_start": wall0}
+        r["figures"] = soak_figures(windows, a.soak_minutes)
+        log(f"soak ({mode}): {last:,} events, missing {missing}, duplicated {duplicated}; {r['figures']}")
+        return r
+
+    def catchup(self):
+        a = self.a
+        self.reset()
+        prefix = self.work / "catchup-txn"
+        # writers for: the backlog's build-up, then at most the catch-up timeout
+        build_s = a.catchup_backlog / a.soak_rate
+        writers = self.writers(build_s + a.drain_timeout + 60, prefix)
+        log(f"catch-up: writers at {a.soak_rate:,}/s with no relay until {a.catchup_backlog:,} events are pending "
+            f"(~{build_s:.0f} s)")
+        try:
+            while self.sequence_last() < a.catchup_backlog:
+                if writers.poll() is not None:
+                    raise RuntimeError(f"writers ended: {writers.communicate()[1][-2000:]}")
+                time.sleep(0.5)
+            relay, tailer = self.start_relay("catchup", on_success="mark", retention=a.retention)
+            t0 = time.monotonic()
+            wall0 = time.time()
+            backlog0 = self.db.pending()
+            done_below = a.soak_rate / 10  # what the writers add in 100 ms
+            deadline = t0 + a.drain_timeout
+            while True:
+                n = self.db.pending()
+                if n < done_below:
+                    break
+                if time.monotonic() > deadline or not relay.alive():
+                    raise RuntimeError(f"catch-up: {n:,} still pending after {time.monotonic() - t0:.0f} s\n"
+                                       f"{relay.log_tail()}")
+                time.sleep(0.25)
+            t1 = time.monotonic()
+            wall1 = time.time()
+            delivered = tailer.count()
+            lag_after = tailer.last_latency_ms
+            # a few more seconds at the soak rate, then the writers stop
+            time.sleep(5)
+        finally:
+            writers.terminate()
+            writers.communicate(timeout=60)
+        last = self.sequence_last()
+        deadline = time.monotonic() + 60
+        while tailer.missing(last) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        missing, duplicated = tailer.missing(last), tailer.duplicates
+        self.stop_relay(relay, tailer)
+        r = {"backlog_at_start": backlog0, "seconds": round(t1 - t0, 2), "delivered": delivered,
+             "events_per_s": round(delivered / (t1 - t0), 1), "latency_after_ms": lag_after,
+             "writer_txn_catchup": self.writer_latencies(prefix, wall0, wall1),
+             "writer_txn_before": self.writer_latencies(prefix, None, wall0),
+             "missing": missing, "duplicated": duplicated, "last_id": last}
+        log(f"catch-up: {backlog0:,} pending gone in {r['seconds']} s ({r['events_per_s']:,.0f}/s incl. new writes), "
+            f"writers' p99 {r['writer_txn_catchup']['p99_ms']} ms; missing {missing}, duplicated {duplicated}")
+        return r
+
+
+def soak_figures(windows, minutes):
+    f = {}
+    if not windows:
+        return f
+    at10 = min(windows, key=lambda w: abs(w["t_s"] - 600))
+    later = [w for w in windows if w["t_s"] > at10["t_s"]]
+    base = at10["sizes"]["total"]
+    if later and base:
+        dev = [w["sizes"]["total"] / base - 1 for w in later]
+        f["size_min10_mib"] = round(base / 2**20, 1)
+        f["size_dev_min"], f["size_dev_max"] = round(min(dev), 3), round(max(dev), 3)
+        f["size_held"] = max(abs(x) for x in dev) <= 0.25
+    p99s = [w["p99_ms"] for w in windows if w["p99_ms"] is not None]
+    f["worst_window_p99_ms"] = max(p99s) if p99s else None
+    f["windows_over_20ms"] = sum(1 for x in p99s if x > 20)
+    f["p99_held"] = bool(p99s) and f["windows_over_20ms"] == 0
+
+    def per_event(ws):
+        ev = sum(w["events"] for w in ws)
+        cpu = sum(w["relay_cpu_s"] + w["postgres_cpu_s"] for w in ws)
+        return round(1e6 * cpu / ev, 1) if ev else None
+    span = min(600, minutes * 60 / 3)
+    first = [w for w in windows if w["t_s"] <= span + 0.5]
+    last = [w for w in windows if w["t_s"] > windows[-1]["t_s"] - span + 0.5]
+    f["cpu_us_first"], f["cpu_us_last"] = per_event(first), per_event(last)
+    if f["cpu_us_first"] and f["cpu_us_last"]:
+        f["cpu_ratio"] = round(f["cpu_us_last"] / f["cpu_us_first"], 3)
+        f["cpu_held"] = f["cpu_ratio"] <= 1.2
+    f["foreign_cores_max"] = max((w["foreign_cores"] or 0) for w in windows)
+    return f
+
+
+def plot(doc, out_dir: Path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib missing: no plot (apt-get install python3-matplotlib)")
+        return []
+    files = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for mode, r in doc.get("soak", {}).items():
+        ws = r["windows"]
+        t = [w["t_s"] / 60 for w in ws]
+        fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+        ax1.plot(t, [w["sizes"]["total"] / 2**20 for w in ws], label="table + TOAST + indexes")
+        ax1.plot(t, [w["sizes"]["table"] / 2**20 for w in ws], label="table (heap)")
+        for k in ws[0]["sizes"]:
+            if k not in ("table", "toast", "total"):
+                ax1.plot(t, [w["sizes"].get(k, 0) / 2**20 for w in ws], label=k, linewidth=0.8)
+        base = r["figures"].get("size_min10_mib")
+        if base:
+            ax1.axhspan(base * 0.75, base * 1.25, color="green", alpha=0.08, label="minute-10 size +-25 %")
+        ax1.set_ylabel("MiB")
+        ax1.legend(fontsize=7, loc="upper left")
+        ax1.set_title(f"outbox_events, on_success: {mode}"
+                      f"{', retention ' + doc['config']['retention'] if mode == 'mark' else ''}, "
+                      f"{r['rate']:,} events/s for {r['minutes']:g} min")
+        ax2.plot(t, [w["n_live_tup"] / 1000 for w in ws], label="n_live_tup (k)")
+        ax2.plot(t, [w["n_dead_tup"] / 1000 for w in ws], label="n_dead_tup (k)")
+        for i in range(1, len(ws)):
+            if ws[i]["autovacuum_count"] > ws[i - 1]["autovacuum_count"]:
+                ax2.axvline(t[i], color="grey", alpha=0.3, linewidth=0.8)
+        ax2.set_ylabel("thousand rows")
+        ax2.legend(fontsize=7, loc="upper left", title="grey lines: autovacuum ran", title_fontsize=7)
+        ax3.plot(t, [w["p50_ms"] for w in ws], label="commit-to-sink p50")
+        ax3.plot(t, [w["p99_ms"] for w in ws], label="p99")
+        ax3.axhline(20, color="red", alpha=0.4, linestyle="--", label="p99 target 20 ms")
+        ax3.set_ylabel("ms (30-s windows)")
+        ax3.set_xlabel("minutes")
+        ax3.legend(fontsize=7, loc="upper left")
+        fig.tight_layout()
+        path = out_dir / f"soak-{mode}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        files.append(str(path))
+        log(f"plot: {path}")
+    return files
+
+
+def print_report(doc, a):
+    out = [f"## bench/soak.sh: {doc['meta'].get('started_at', '')}", ""]
+    rows = []
+    if "backlog" in doc:
+        s, l = doc["backlog"]["small"], doc["backlog"]["large"]
+        ratio = l["events_per_s"] / s["events_per_s"]
+        rows.append([f"1. drain {l['pending']:,} vs {s['pending']:,} pending",
+                     f"{l['events_per_s']:,.0f} vs {s['events_per_s']:,.0f}/s = {ratio:.2f} x", ">= 0.8 x",
+                     pc.held(ratio >= 0.8 and not (s["missing"] or l["missing"] or s["duplicated"] or l["duplicated"]))])
+    if "sustained" in doc:
+        u = doc["sustained"]
+        rows.append(["soak rate: 40 % of min(quiet drain, drain beside unpaced writers)",
+                     f"{a.soak_rate:,}/s (quiet {doc['backlog']['small']['events_per_s']:,.0f}/s; beside writers "
+                     f"{u['relay_events_per_s']:,.0f}/s, writers {u['writers_events_per_s']:,.0f}/s)", "report", "-"])
+    if "history" in doc:
+        w, h = doc["history"]["without"], doc["history"]["with"]
+        ratio = h["events_per_s"] / w["events_per_s"]
+        cratio = h["claim_p99_ms"] / w["claim_p99_ms"] if w["claim_p99_ms"] else float("nan")
+        rows.append([f"2. drain {h['pending']:,} with {h['history']:,} processed rows vs none: events/s",
+                     f"{h['events_per_s']:,.0f} vs {w['events_per_s']:,.0f}/s = {ratio:.2f} x", ">= 0.9 x", pc.held(ratio >= 0.9)])
+        rows.append(["2. claim p99", f"{h['claim_p99_ms']:.2f} vs {w['claim_p99_ms']:.2f} ms = {cratio:.2f} x",
+                     "<= 1.5 x", pc.held(cratio <= 1.5)])
+    for mode, r in doc.get("soak", {}).items():
+        f = r["figures"]
+        lbl = f"3. soak {mode}{' + retention ' + a.retention if mode == 'mark' else ''}, {r['rate']:,}/s, {r['minutes']:g} min"
+        if "size_held" in f:
+            rows.append([f"{lbl}: size after min 10 vs min 10 ({f['size_min10_mib']} MiB)",
+                         f"{100 * f['size_dev_min']:+.1f} % .. {100 * f['size_dev_max']:+.1f} %", "within +-25 %",
+                         pc.held(f["size_held"])])
+        rows.append([f"{lbl}: worst 30-s window commit-to-sink p99", f"{pc.fmt(f['worst_window_p99_ms'], 2)} ms "
+                     f"({f['windows_over_20ms']} windows over)", "<= 20 ms every window", pc.held(f["p99_held"])])
+        if "cpu_ratio" in f:
+            rows.append([f"{lbl}: CPU/event relay + Postgres, last vs first 10 min",
+                         f"{f['cpu_us_last']} vs {f['cpu_us_first']} us = {f['cpu_ratio']:.2f} x", "<= 1.2 x",
+                         pc.held(f["cpu_held"])])
+        rows.append([f"{lbl}: every id once", f"{r['last_id']:,} ids, missing {r['missing']}, duplicated {r['duplicated']}",
+                     "0 / 0", pc.held(not r["missing"] and not r["duplicated"])])
+    if "catchup" in doc:
+        c = doc["catchup"]
+        quiet = doc.get("backlog", {}).get("small", {}).get("events_per_s")
+        rows.append([f"4. catch-up of {c['backlog_at_start']:,} pending, writers on at {a.soak_rate:,}/s",
+                     f"{c['seconds']:.1f} s, {c['events_per_s']:,.0f}/s"
+                     + (f" = {c['events_per_s'] / quiet:.2f} x the quiet drain" if quiet else ""), "report", "-"])
+        soak_p99 = doc.get("soak", {}).get("mark", {}).get("writer_txn", {}).get("p99_ms")
+        rows.append(["4. writers' commit p99 during catch-up",
+                     f"{pc.fmt(c['writer_txn_catchup']['p99_ms'], 2)} ms"
+                     + (f" vs {pc.fmt(soak_p99, 2)} ms in the mark soak" if soak_p99 else ""), "report", "-"])
+        rows.append(["4. every id once", f"{c['last_id']:,} ids, missing {c['missing']}, duplicated {c['duplicated']}",
+                     "0 / 0", pc.held(not c["missing"] and not c["duplicated"])])
+    out.append(pc.md_table(["point", "figure", "target", "held"], rows, ["---", "---:", "---", "---"]))
+    fl = [x.get("foreign_cores") or 0 for k in ("backlog", "history") for x in doc.get(k, {}).values()]
+    fl += [r["figures"].get("foreign_cores_max") or 0 for r in doc.get("soak", {}).values()]
+    if fl:
+        out += ["", f"Foreign load during the measurements: max {max(fl):.2f} cores"
+                + ("  <- figures with foreign load are suspect" if max(fl) > 0.15 else "")]
+    print("\n".join(out))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pg-dir", required=True, help="the cluster directory of scripts/pg-cluster.sh")
+    ap.add_argument("--work", required=True, help="scratch directory")
+    ap.add_argument("--out", required=True, help="result JSON file")
+    ap.add_argument("--relay-bin", default=str(pc.ROOT / "build-bench" / "bin" / "outbox-relay"))
+    ap.add_argument("--wait-for-bin", type=float, default=300)
+    ap.add_argument("--points", default="1,2,3,4", help="which points to run [1,2,3,4]")
+    ap.add_argument("--backlog", type=int, default=200_000, help="the small backlog of points 1 and 2 [200000]")
+    ap.add_argument("--backlog-factor", type=int, default=10, help="the large backlog = factor x small [10]")
+    ap.add_argument("--history-rows", type=int, default=10_000_000, help="processed rows of point 2 [10000000]")
+    ap.add_argument("--soak-minutes", type=float, default=30)
+    ap.add_argument("--soak-rate", type=int, default=0, help="events/s; 0: 40 %% of point 1's small drain [0]")
+    ap.add_argument("--soak-modes", default="mark,delete")
+    ap.add_argument("--events-per-txn", type=int, default=10, help="events per writer transaction in points 3 and 4 [10]")
+    ap.add_argument("--retention", default="2m")
+    ap.add_argument("--catchup-backlog", type=int, default=1_000_000)
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=500)
+    ap.add_argument("--drain-timeout", type=float, default=900, help="seconds for one drain or catch-up [900]")
+    ap.add_argument("--plot-dir", default=str(pc.ROOT / "bench"), help="where the PNG plots go [bench/]")
+    ap.add_argument("--relay-config-extra", default="", help="YAML merged into the relay: section")
+    a = ap.parse_args()
+    pc.terminate_on_signals()
+    points = {int(x) for x in a.points.split(",") if x.strip()}
+    a.url = pc.bench_database_url()
+    binary = pc.snapshot_binary(a.relay_bin, Path(a.work) / "bin", a.wait_for_bin, TAG)
+    log(f"migrating outbox_events with {binary['path']}")
+    pc.migrate(binary["copy"], pc.Db(a.url, a.pg_dir).relay_env())
+    s = Soak(a, binary["copy"])
+    doc = {"meta": pc.base_meta(s.db), "binary": binary, "config": {k: v for k, v in vars(a).items() if k != "url"}}
+    doc["meta"]["schema_versions"] = s.db.schema_versions()
+    if 1 in points or (not a.soak_rate and points & {3, 4}):
+        doc["backlog"] = s.backlog()
+    if not a.soak_rate:
+        # 40 % of the relay's drain rate on this machine: the quiet drain, or, when writers and the
+        # relay cannot both run at that rate on this machine, the relay's rate beside unpaced writers.
+        doc["sustained"] = s.sustained()
+        quiet = doc["backlog"]["small"]["events_per_s"]
+        base = min(quiet, doc["sustained"]["relay_events_per_s"])
+        a.soak_rate = int(round(0.4 * base, -2))
+        doc["config"]["soak_rate"] = a.soak_rate
+        log(f"soak rate: 40 % of {base:,.0f}/s (quiet drain {quiet:,.0f}/s, beside unpaced writers "
+            f"{doc['sustained']['relay_events_per_s']:,.0f}/s) = {a.soak_rate:,}/s")
+    if 2 in points:
+        doc["history"] = s.history()
+    if 3 in points:
+        doc["soak"] = {m: s.soak(m) for m in a.soak_modes.split(",") if m}
+    if 4 in points:
+        doc["catchup"] = s.catchup()
+    doc["meta"]["finished_at"] = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    pc.write_json(doc, Path(a.out), "soak-latest.json")
+    doc["plots"] = plot(doc, Path(a.plot_dir))
+    pc.write_json(doc, Path(a.out), "soak-latest.json")
+    print_report(doc, a)
+    print(f"\nresult file: {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        print(f"[{TAG}] interrupted ({e}); relay and writers stopped", file=sys.stderr)
+        sys.exit(130)
