@@ -122,7 +122,7 @@ BatchResult& BatchResult::operator+=(const BatchResult& other) {
   return *this;
 }
 
-std::vector<Event> RelayLoop::claim(bool probe) {
+std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
   const auto now = clock_.now();
   std::vector<Event> events;
   if (probe) {
@@ -131,7 +131,7 @@ std::vector<Event> RelayLoop::claim(bool probe) {
     note_retries(pending_);
     pending_.clear();
   } else {
-    events = store_.claim(options_.batch_size);
+    events = floor > 0 ? store_.claim_above(options_.batch_size, floor) : store_.claim(options_.batch_size);
     retry_due_.erase(retry_due_.begin(), retry_due_.upper_bound(now));  // a poll may skip due retries
   }
   metrics_.claimed(events.size(), seconds_between(now, clock_.now()));
@@ -161,6 +161,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
   if (!control.probe) flush_pending();
   std::vector<Event> next = claim(control.probe);
   bool leased = !control.probe;  // a poll's events may carry no lease (Store::probe_claim)
+  bool all_delivered = true;     // every batch of this drain so far: claims ahead may start above it
   while (!next.empty()) {
     const bool full = next.size() >= options_.batch_size;
     Batch batch = prepare(std::move(next), pipeline_.held());
@@ -179,7 +180,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
       // Not beside a poll's batch: a claim now could hand its events out again.
       if (full && leased && !control.stop() && !control.pause_due()) {
         ahead = true;
-        next = claim();
+        next = claim(false, all_delivered ? batch.events.back().id : 0);  // claims come in id order
       }
     } catch (...) {
       failure = std::current_exception();
@@ -197,6 +198,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     KeyHolds failed;
     auto outcomes = settle(batch, result, failed);
     total += result;
+    all_delivered = all_delivered && result.retried + result.dead_lettered + result.released == 0;
 
     if (failure) {
       // Keep every outcome for the next call; hand back what was claimed meanwhile.

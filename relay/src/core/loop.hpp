@@ -89,7 +89,8 @@ class RelayLoop {
  private:
   struct Batch;
 
-  std::vector<Event> claim(bool probe = false);
+  // floor: see Store::claim_above (0: none).
+  std::vector<Event> claim(bool probe = false, long long floor = 0);
   void note_retries(const std::vector<Completion>& completed);
   // `held`: keys whose earlier events were not delivered in batches whose outcomes the claim of
   // `events` did not see; their later events are released unpublished.

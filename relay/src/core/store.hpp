@@ -45,6 +45,15 @@ class Store {
   // Leases and returns up to limit due events of the lanes this instance owns, in id order,
   // committed before returning (no transaction stays open while sinks work).
   virtual std::vector<Event> claim(std::size_t limit) = 0;
+  // claim(), made while the previous batch of a drain, whose highest id is floor, is still in the
+  // sinks, and every earlier batch of that drain was delivered: nothing at or below floor in these
+  // lanes can be claimable then but events that wait for a retry, so the store may look above
+  // floor only (unless such an event is below it). Cheaper in a long drain: the claim need not
+  // walk past everything delivered since the start of the drain.
+  virtual std::vector<Event> claim_above(std::size_t limit, long long floor) {
+    (void)floor;
+    return claim(limit);
+  }
   // The runner's poll, called every few milliseconds while events flow: first applies the
   // completions (the outcomes of the batch published since the last poll, as complete() would),
   // then claims like claim(), except that the store may return nothing at once when it knows no

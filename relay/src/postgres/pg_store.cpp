@@ -65,6 +65,7 @@ struct PgStore::Impl {
   // return at once when nothing new was committed. Without it (schema 1, before `migrate`), the
   // two statements of schema 1; looked for again at every rebalance.
   bool claim_fn = false;
+  bool claim_floor = false;  // schema 3's claim function, which takes a floor (Store::claim_above)
   long long resolved = -1;  // every id up to it is committed or gone (the last bound); -1: unknown
   // The claim function's reading of the writers (schema/002): the last id drawn then, and the
   // transactions that held the table's ROW EXCLUSIVE lock then (a text[] literal); -1: none.
@@ -72,7 +73,8 @@ struct PgStore::Impl {
   std::string reading_holders = "{}";
   bool quiet = false;       // the last poll found nothing new: the next one asks "anything new?" first
 
-  std::vector<Event> claim_with_function(std::size_t limit, bool probe, std::span<const Completion> completions);
+  std::vector<Event> claim_with_function(std::size_t limit, bool probe, std::span<const Completion> completions,
+                                        long long floor);
   std::vector<Event> claim_with_statements(std::size_t limit);
   // Looks for the claim function and prepares it on c; at_connect: c is a new session.
   bool find_claim_function(pqxx::connection& c, bool at_connect);
@@ -172,28 +174,45 @@ std::string claim_function_name(const std::string& table) { return function_pref
 
 constexpr const char* kClaimFunctionArgs =
     "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, text[])";
+// Schema 3's: the same and a floor.
+constexpr const char* kClaimFunctionFloorArgs =
+    "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, text[], bigint)";
 
 }  // namespace
 
 bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
   const std::string name = claim_function_name(opt.table);
   bool found = false;
+  bool with_floor = false;
   {
     pqxx::nontransaction q(c);
-    found = q.exec_params1("SELECT to_regprocedure($1) IS NOT NULL",
-                           name + kClaimFunctionArgs)[0]
-                .as<bool>();
+    const auto r = q.exec_params1("SELECT to_regprocedure($1) IS NOT NULL, to_regprocedure($2) IS NOT NULL",
+                                  name + kClaimFunctionArgs, name + kClaimFunctionFloorArgs);
+    found = r[0].as<bool>();
+    with_floor = r[1].as<bool>();
   }
-  if (found) {
-    c.prepare("claim_fn", "SELECT * FROM " + name +
-                              "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, $11::text[])");
+  const bool changed = found != claim_fn || with_floor != claim_floor;
+  if (found && (at_connect || changed)) {
+    if (with_floor) {
+      c.prepare("claim_fn_floor", "SELECT * FROM " + name +
+                                      "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
+                                      "$11::text[], $12)");
+    } else {
+      c.prepare("claim_fn", "SELECT * FROM " + name +
+                                "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, $11::text[])");
+    }
     c.prepare("anything_new", "SELECT (SELECT id FROM " + opt.table + " WHERE id > $1 ORDER BY id LIMIT 1)");
-    if (!at_connect) log::info("schema upgraded: claiming through " + name + "()", {{"table", opt.table}});
-  } else if (at_connect) {
+  }
+  if (!at_connect && changed && found) {
+    log::info("schema upgraded: claiming through " + name + "()" + (with_floor ? " with a floor" : ""),
+              {{"table", opt.table}});
+  }
+  if (!found && at_connect) {
     log::warn("the outbox schema is at version 1: run `outbox-relay migrate`; until then each claim takes two "
               "statements and writers pay for the NOTIFY trigger",
               {{"table", opt.table}});
   }
+  claim_floor = with_floor;
   return found;
 }
 
@@ -378,7 +397,7 @@ bool PgStore::rebalance() {
       im.set_owned(std::move(owned));
       return !gained.empty();
     }, im.hints);
-    if (!im.claim_fn) {
+    if (!im.claim_fn || !im.claim_floor) {  // schema 1 or 2: look for the newer claim function
       im.claim_fn = translate_errors("rebalance", [&] { return im.find_claim_function(*im.conn, false); }, im.hints);
     }
     return gained_any;
@@ -388,23 +407,29 @@ bool PgStore::rebalance() {
   }
 }
 
-std::vector<Event> PgStore::claim(std::size_t limit) { return claim_or_probe(limit, false, {}); }
+std::vector<Event> PgStore::claim(std::size_t limit) { return claim_or_probe(limit, false, {}, 0); }
+
+std::vector<Event> PgStore::claim_above(std::size_t limit, long long floor) {
+  return claim_or_probe(limit, false, {}, floor);
+}
 
 std::vector<Event> PgStore::probe_claim(std::size_t limit, std::span<const Completion> completions) {
   if (!impl_->claim_fn || impl_->owned.empty()) {  // schema 1, or no lanes yet: two steps
     complete(completions);
     return claim(limit);
   }
-  return claim_or_probe(limit, true, completions);
+  return claim_or_probe(limit, true, completions, 0);
 }
 
-std::vector<Event> PgStore::claim_or_probe(std::size_t limit, bool probe, std::span<const Completion> completions) {
+std::vector<Event> PgStore::claim_or_probe(std::size_t limit, bool probe, std::span<const Completion> completions,
+                                           long long floor) {
   connect();
   auto& im = *impl_;
   if (im.owned.empty()) return {};
   try {
     return translate_errors("claim", [&] {
-      auto events = im.claim_fn ? im.claim_with_function(limit, probe, completions) : im.claim_with_statements(limit);
+      auto events = im.claim_fn ? im.claim_with_function(limit, probe, completions, floor)
+                                : im.claim_with_statements(limit);
       std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.id < b.id; });
       return events;
     }, im.hints);
@@ -415,7 +440,7 @@ std::vector<Event> PgStore::claim_or_probe(std::size_t limit, bool probe, std::s
 }
 
 std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool probe,
-                                                      std::span<const Completion> completions) {
+                                                      std::span<const Completion> completions, long long floor) {
   pqxx::nontransaction tx(*conn);
   if (probe && quiet && resolved >= 0 && completions.empty()) {
     // An idle relay polls every idle_poll_interval: a plain index probe costs about half of
@@ -423,9 +448,14 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
     if (tx.exec_prepared1("anything_new", resolved)[0].is_null()) return {};
   }
   const EncodedCompletions encoded = encode_completions(completions);
-  const auto rows = tx.exec_prepared("claim_fn", opt.instance_id, static_cast<long long>(opt.lease.count()),
-                                     owned_literal, static_cast<int>(limit), resolved, probe, encoded.delivered,
-                                     encoded.others, opt.delete_on_success, reading_last, reading_holders);
+  const auto lease_ms = static_cast<long long>(opt.lease.count());
+  const auto rows = claim_floor
+                        ? tx.exec_prepared("claim_fn_floor", opt.instance_id, lease_ms, owned_literal,
+                                           static_cast<int>(limit), resolved, probe, encoded.delivered, encoded.others,
+                                           opt.delete_on_success, reading_last, reading_holders, floor)
+                        : tx.exec_prepared("claim_fn", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
+                                           resolved, probe, encoded.delivered, encoded.others, opt.delete_on_success,
+                                           reading_last, reading_holders);
   std::vector<Event> events;
   events.reserve(rows.size());
   for (const auto& row : rows) {
@@ -468,7 +498,7 @@ std::vector<Event> PgStore::Impl::claim_with_statements(std::size_t limit) {
   // up after the locks were read and the last id before them: writers without a fence began after
   // the migration committed, and a migration that committed before the last id was read is seen.)
   claim_fn = find_claim_function(*conn, false);
-  return claim_with_function(limit, false, {});
+  return claim_with_function(limit, false, {}, 0);
 }
 
 void PgStore::complete(std::span<const Completion> completions) {

@@ -34,6 +34,8 @@ class PgStore final : public Store {
   void connect() override;
   bool rebalance() override;
   std::vector<Event> claim(std::size_t limit) override;
+  // Above floor when the table is at schema 3 or later (its claim function takes a floor).
+  std::vector<Event> claim_above(std::size_t limit, long long floor) override;
   // Writes the completions and polls in one round trip and one transaction (schema 2).
   std::vector<Event> probe_claim(std::size_t limit, std::span<const Completion> completions) override;
   void complete(std::span<const Completion> completions) override;
@@ -47,7 +49,8 @@ class PgStore final : public Store {
   int lanes_owned() const;
 
  private:
-  std::vector<Event> claim_or_probe(std::size_t limit, bool probe, std::span<const Completion> completions);
+  std::vector<Event> claim_or_probe(std::size_t limit, bool probe, std::span<const Completion> completions,
+                                    long long floor);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

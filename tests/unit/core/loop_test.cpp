@@ -39,9 +39,12 @@ class FakeStore final : public Store {
     }
     return claim(limit);
   }
-  std::vector<Event> claim(std::size_t limit) override {
+  std::vector<Event> claim(std::size_t limit) override { return take(limit, 0); }
+  std::vector<Event> claim_above(std::size_t limit, long long floor) override { return take(limit, floor); }
+  std::vector<Event> take(std::size_t limit, long long floor) {
     std::lock_guard lock(mutex);
     ++claims;
+    floors.push_back(floor);
     written_at_claim.push_back(completed.size());
     last_limit = limit;
     if (batches.empty()) return {};
@@ -69,6 +72,7 @@ class FakeStore final : public Store {
   std::vector<Completion> completed;
   std::vector<std::vector<Completion>> carried;  // what each poll wrote
   std::vector<std::size_t> written_at_claim;     // completions written when each claim began
+  std::vector<long long> floors;                 // each claim's floor (Store::claim_above; 0: claim())
   std::mutex mutex;
   int fail_completes = 0;
   int fail_probes = 0;
@@ -329,6 +333,37 @@ TEST_CASE("drain publishes every batch in order and stops after a short claim") 
   CHECK(f.a.seen == std::vector<EventId>{1, 2, 3, 4, 5});
   REQUIRE(f.store.completed.size() == 5);
   for (EventId id = 1; id <= 5; ++id) CHECK(f.store.of(id).kind == Kind::kDelivered);
+}
+
+TEST_CASE("a drain claims ahead above the batch in the sinks while every batch was delivered") {
+  Fixture f;
+  f.options.batch_size = 2;
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "x"), event(4, "y")});
+  f.store.batches.push_back({event(5, "x"), event(6, "y")});
+  f.store.batches.push_back({event(7, "x")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  CHECK(loop.drain({}).delivered == 7);
+  // The first claim looks from the start; each claim ahead from the batch in the sinks.
+  CHECK(f.store.floors == std::vector<long long>{0, 2, 4, 6});
+}
+
+TEST_CASE("after a batch that was not all delivered, a drain's claims look from the start again") {
+  Fixture f;
+  f.options.batch_size = 2;
+  f.a.script[2] = Outcome::retry("500");
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "x"), event(4, "z")});
+  f.store.batches.push_back({event(5, "x"), event(6, "z")});
+  f.store.batches.push_back({event(7, "x")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  loop.drain({});
+  // Batch 2 was claimed ahead before batch 1's retry was known (2 was leased then: not claimable
+  // anyway); every later claim looks from the start, where the retry of 2 is.
+  CHECK(f.store.floors == std::vector<long long>{0, 2, 0, 0});
+  CHECK(f.store.of(2).kind == Kind::kRetry);
 }
 
 TEST_CASE("drain holds back later events of a key that failed in the batch before") {
