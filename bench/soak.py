@@ -198,10 +198,11 @@ class Soak:
         return out
 
     def stats(self) -> dict:
-        r = self.db.psql("SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count FROM pg_stat_user_tables "
+        r = self.db.psql("SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count, "
+                         "(SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter) FROM pg_stat_user_tables "
                          "WHERE relid = 'outbox_events'::regclass").split("|")
         return {"n_live_tup": int(r[0]), "n_dead_tup": int(r[1]), "autovacuum_count": int(r[2]),
-                "autoanalyze_count": int(r[3])}
+                "autoanalyze_count": int(r[3]), "checkpoints": int(r[4])}
 
     def last_id(self) -> int:
         return int(self.db.psql("SELECT coalesce(max(id), 0) FROM outbox_events") or 0)
@@ -366,7 +367,7 @@ class Soak:
                 k += 1
                 log(f"  {w['t_s'] / 60:5.1f} min: {events / SAMPLE_SECONDS:7,.0f}/s, p50 {pc.fmt(w['p50_ms'], 2)} "
                     f"p99 {pc.fmt(w['p99_ms'], 2)} max {pc.fmt(w['max_ms'], 1)} ms, size {w['sizes']['total'] / 2**20:7.1f} MiB, "
-                    f"dead {w['n_dead_tup']:,}, autovacuum {w['autovacuum_count']}, "
+                    f"dead {w['n_dead_tup']:,}, autovacuum {w['autovacuum_count']}, checkpoints {w['checkpoints']}, "
                     f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}")
             out, err = writers.communicate(timeout=120)
             wr = pc.parse_pgbench(writers.returncode, out, err)
@@ -606,6 +607,10 @@ def main():
     ap.add_argument("--drain-timeout", type=float, default=900, help="seconds for one drain or catch-up [900]")
     ap.add_argument("--plot-dir", default=str(pc.ROOT / "bench"), help="where the PNG plots go [bench/]")
     ap.add_argument("--relay-config-extra", default="", help="YAML merged into the relay: section")
+    ap.add_argument("--max-wal-size", default="8GB",
+                    help="the cluster's max_wal_size [8GB]: at the soak's write rates PostgreSQL's default (1GB) "
+                         "makes a checkpoint every ~30 s and logs 'checkpoints are occurring too frequently'; "
+                         "'default' keeps it")
     a = ap.parse_args()
     pc.terminate_on_signals()
     points = {int(x) for x in a.points.split(",") if x.strip()}
@@ -614,8 +619,13 @@ def main():
     log(f"migrating outbox_events with {binary['path']}")
     pc.migrate(binary["copy"], pc.Db(a.url, a.pg_dir).relay_env())
     s = Soak(a, binary["copy"])
+    if a.max_wal_size != "default":
+        s.db.psql(f"ALTER SYSTEM SET max_wal_size = '{a.max_wal_size}'", "SELECT pg_reload_conf()")
+        time.sleep(0.5)
     doc = {"meta": pc.base_meta(s.db), "binary": binary, "config": {k: v for k, v in vars(a).items() if k != "url"}}
     doc["meta"]["schema_versions"] = s.db.schema_versions()
+    doc["meta"]["max_wal_size"] = s.db.psql("SHOW max_wal_size")
+    doc["meta"]["checkpoint_timeout"] = s.db.psql("SHOW checkpoint_timeout")
     if 1 in points or (not a.soak_rate and points & {3, 4}):
         doc["backlog"] = s.backlog()
     if not a.soak_rate:

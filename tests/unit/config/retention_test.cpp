@@ -48,6 +48,14 @@ TEST_CASE("relay.retention takes a duration") {
   CHECK(config::describe(c)["relay"]["retention_interval"] == "30s");
 }
 
+TEST_CASE("relay.retention_interval defaults to a quarter of the retention, at most 5m") {
+  CHECK(parse("relay: {retention: 2m}").relay.retention_interval == 30s);
+  CHECK(parse("relay: {retention: 20m}").relay.retention_interval == 5min);
+  CHECK(parse("relay: {retention: 168h}").relay.retention_interval == 5min);
+  CHECK(parse("relay: {retention: 2s}").relay.retention_interval == 1s);
+  CHECK(parse("relay: {retention: 2m, retention_interval: 10m}").relay.retention_interval == 10min);
+}
+
 TEST_CASE("relay.retention errors name the key and what is expected") {
   for (const char* bad : {"168", "forever", "-1h", "500ms", "0s", "true"}) {
     CAPTURE(bad);
