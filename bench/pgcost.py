@@ -452,7 +452,7 @@ def parse_extra(fragment: str):
 
 
 def write_relay_config(path: Path, sink: Path, http_port: int | None, relay: dict, extra: str = "",
-                       log_level="info", pinned=()) -> Path:
+                       log_level="info", pinned=(), fsync=True) -> Path:
     """YAML without database.url (the relay reads DATABASE_URL). `extra` lines go into relay:
     and replace keys of `relay` with the same name, except the `pinned` keys (a measurement's
     premise, e.g. sweep_interval 1h of the bursty test), whose one-line settings in `extra` are
@@ -473,7 +473,7 @@ def write_relay_config(path: Path, sink: Path, http_port: int | None, relay: dic
     else:
         out += ["http:", "  enabled: false"]
     out += ["log:", f"  level: {log_level}",
-            "sinks:", "  - name: bench", "    type: file", f"    path: {json.dumps(str(sink))}", "    fsync: true", ""]
+            "sinks:", "  - name: bench", "    type: file", f"    path: {json.dumps(str(sink))}", f"    fsync: {'true' if fsync else 'false'}", ""]
     path.write_text("\n".join(out))
     return path
 

@@ -217,7 +217,8 @@ class Soak:
         port = pc.free_port()
         opts = {"batch_size": self.a.batch_size}
         opts.update(relay_opts)
-        cfg = pc.write_relay_config(self.work / f"{name}.yaml", sink, port, opts, self.a.relay_config_extra)
+        cfg = pc.write_relay_config(self.work / f"{name}.yaml", sink, port, opts, self.a.relay_config_extra,
+                                    fsync=not self.a.no_sink_fsync)
         tailer = StreamTailer(sink)
         tailer.start()
         relay = pc.Relay(self.relay_bin, cfg, self.db.relay_env(), self.work / f"{name}.log", port)
@@ -607,6 +608,8 @@ def main():
     ap.add_argument("--drain-timeout", type=float, default=900, help="seconds for one drain or catch-up [900]")
     ap.add_argument("--plot-dir", default=str(pc.ROOT / "bench"), help="where the PNG plots go [bench/]")
     ap.add_argument("--relay-config-extra", default="", help="YAML merged into the relay: section")
+    ap.add_argument("--no-sink-fsync", action="store_true",
+                    help="the file sink without fsync (a diagnosis: how much of the latency is the sink's fdatasync)")
     ap.add_argument("--max-wal-size", default="8GB",
                     help="the cluster's max_wal_size [8GB]: at the soak's write rates PostgreSQL's default (1GB) "
                          "makes a checkpoint every ~30 s and logs 'checkpoints are occurring too frequently'; "
