@@ -147,6 +147,12 @@ class Db:
     def pending(self, table="outbox_events") -> int:
         return int(self.psql(f"SELECT count(*) FROM {table} WHERE processed_at IS NULL AND dead_lettered_at IS NULL"))
 
+    def app_names(self) -> dict:
+        """pid -> application_name of every backend now (this psql's own backend included)."""
+        rows = self.psql("SELECT pid || '|' || coalesce(application_name, '') FROM pg_stat_activity "
+                         "WHERE backend_type = 'client backend'")
+        return {int(r.split("|", 1)[0]): r.split("|", 1)[1] for r in rows.splitlines() if r}
+
     def autovacuum_counts(self, table="outbox_events") -> int:
         """autovacuum + autoanalyze runs so far (for telling whether one ran inside a window)."""
         v = self.psql(f"SELECT coalesce(autovacuum_count + autoanalyze_count, 0) FROM pg_stat_user_tables "
@@ -236,6 +242,56 @@ def postgres_cpu_seconds(postmaster: int) -> float:
     return total / HZ
 
 
+def postgres_processes(postmaster: int) -> dict:
+    """pid -> [title, utime + stime seconds] of our cluster's live processes; the postmaster's
+    entry holds its own CPU and, under the pid -1, the CPU of its reaped children."""
+    procs = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        s = _stat(pid)
+        if s is None or s[0] != "postgres" or (pid != postmaster and int(s[1][_PPID]) != postmaster):
+            continue
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        f = s[1]
+        procs[pid] = [title.strip(), (int(f[_UTIME]) + int(f[_STIME])) / HZ]
+        if pid == postmaster:
+            procs[-1] = ["exited children", (int(f[_CUTIME]) + int(f[_CSTIME])) / HZ]
+    return procs
+
+
+def postgres_cpu_by_kind(a: dict, b: dict, app_names: dict) -> dict:
+    """CPU seconds between two postgres_processes() snapshots, by kind: the relay's sessions by
+    application_name ("outbox-relay worker", ...), auxiliary processes by title (walwriter,
+    checkpointer, ...), other live backends, and "exited" (backends and autovacuum workers that
+    ended inside the window: the postmaster's reaped-children CPU, less what the first snapshot
+    had already counted of them). app_names: pid -> application_name, read after b."""
+    kinds = {}
+
+    def add(kind, sec):
+        kinds[kind] = round(kinds.get(kind, 0.0) + sec, 3)
+
+    for pid, (title, cpu) in b.items():
+        if pid == -1:
+            gone = sum(v[1] for p, v in a.items() if p > 0 and p not in b)
+            add("exited (backends, autovacuum workers)", cpu - a.get(-1, ["", 0.0])[1] - gone)
+            continue
+        delta = cpu - (a[pid][1] if pid in a else 0.0)
+        name = app_names.get(pid, "")
+        if name.startswith("outbox-relay"):
+            add(name, delta)
+        elif pid in app_names:
+            add("other backends", delta)
+        else:
+            kind = re.sub(r"^postgres: (\S+/\S+: )?", "", title)
+            add(kind if not re.search(r"\(\d+\)", kind) else "other backends", delta)
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
 def process_cpu_seconds(pid: int):
     """utime + stime of a live process (all its threads), or None."""
     s = _stat(pid)
@@ -265,6 +321,7 @@ class Snapshot:
         self.relay = process_cpu_seconds(relay_pid) if relay_pid else None
         self.machine = machine_busy_seconds()
         self.own = own_cpu_seconds()
+        self.procs = postgres_processes(postmaster)
 
 
 def window(a: Snapshot, b: Snapshot, relay_children_cpu: float = 0.0) -> dict:

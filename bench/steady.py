@@ -140,11 +140,14 @@ class Steady:
         r = pc.pgbench(self.db.env, self.script, self.a.clients, self.a.jobs, self.a.seconds, rate=rate,
                        log_prefix=logp)
         time.sleep(0.1)  # the postmaster reaps the writers' backends
-        r["cpu"] = pc.window(s0, pc.Snapshot(self.db.postmaster))
+        s1 = pc.Snapshot(self.db.postmaster)
+        r["cpu"] = pc.window(s0, s1)
+        r["postgres_cpu_by_kind"] = pc.postgres_cpu_by_kind(s0.procs, s1.procs, self.db.app_names())
         r["writer_txn"] = pc.txn_log_summary(logp)
         r["autovacuum_runs"] = self.db.autovacuum_counts() - av0
         log(f"  baseline: {r['processed']:,} events, Postgres {r['cpu']['postgres_cpu_seconds']:.2f} CPU-s, "
             f"foreign load {r['cpu']['foreign_cores']:.2f} cores")
+        log(f"  Postgres CPU-s by process: {r['postgres_cpu_by_kind']}")
         return r
 
     def paced_relay(self, rate, tag):
@@ -177,6 +180,7 @@ class Steady:
             s1 = pc.Snapshot(self.db.postmaster, relay.pid)
             m1 = relay.metrics()
             r["cpu"] = pc.window(s0, s1)
+            r["postgres_cpu_by_kind"] = pc.postgres_cpu_by_kind(s0.procs, s1.procs, self.db.app_names())
             r["all_in_sink_in_window"] = drained
             r["last_line_after_writers_s"] = round(tailer.reached_at - t_writers, 4) if drained else None
             r["relay_metrics"] = pc.metrics_delta(m0, m1)
@@ -196,6 +200,7 @@ class Steady:
             f"{r['cpu']['postgres_cpu_seconds']:.2f} CPU-s, last line {r['last_line_after_writers_s']} s after the "
             f"writers; latency p50 {r['latency']['p50_ms']} p99 {r['latency']['p99_ms']} ms; "
             f"events/claim {r['relay_metrics'].get('events_per_claim')}; foreign load {r['cpu']['foreign_cores']:.2f}")
+        log(f"  Postgres CPU-s by process: {r['postgres_cpu_by_kind']}")
         return r
 
     def paced(self):

@@ -70,6 +70,8 @@ std::optional<Clock::SteadyTime> RelayLoop::next_retry_due() const {
 }
 
 void RelayLoop::flush_pending() {
+  pending_.insert(pending_.end(), std::make_move_iterator(deferred_.begin()), std::make_move_iterator(deferred_.end()));
+  deferred_.clear();
   if (pending_.empty()) return;
   store_.complete(pending_);  // throws StoreUnavailable: pending_ stays for the next try
   note_retries(pending_);
@@ -125,17 +127,38 @@ BatchResult& BatchResult::operator+=(const BatchResult& other) {
 std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
   const auto now = clock_.now();
   std::vector<Event> events;
-  if (probe) {
-    // The poll writes the outcomes left from the previous poll first, in its own round trip.
-    events = store_.probe_claim(options_.batch_size, pending_);
+  if (probe && outcomes_due(now)) {
+    // The poll writes the outcomes left by earlier polls first, in its own round trip.
+    pending_.insert(pending_.end(), std::make_move_iterator(deferred_.begin()),
+                    std::make_move_iterator(deferred_.end()));
+    deferred_.clear();
+    events = store_.probe_claim(options_.batch_size, pending_);  // throws: pending_ stays
     note_retries(pending_);
     pending_.clear();
+  } else if (probe) {
+    // Delivered outcomes only, the oldest left less than outcome_delay ago: a later poll writes
+    // them. The rows wait unmarked meanwhile; no poll claims them again (polls look above every
+    // id claimed before), and a full claim writes them first.
+    if (deferred_.empty()) deferred_since_ = now;
+    deferred_.insert(deferred_.end(), std::make_move_iterator(pending_.begin()),
+                     std::make_move_iterator(pending_.end()));
+    pending_.clear();
+    events = store_.probe_claim(options_.batch_size, {});
   } else {
     events = floor > 0 ? store_.claim_above(options_.batch_size, floor) : store_.claim(options_.batch_size);
     retry_due_.erase(retry_due_.begin(), retry_due_.upper_bound(now));  // a poll may skip due retries
   }
   metrics_.claimed(events.size(), seconds_between(now, clock_.now()));
   return events;
+}
+
+bool RelayLoop::outcomes_due(Clock::SteadyTime now) const {
+  if (options_.outcome_delay <= std::chrono::milliseconds::zero()) return true;
+  if (pending_.size() + deferred_.size() >= options_.batch_size) return true;
+  for (const Completion& c : pending_) {
+    if (c.kind != Completion::Kind::kDelivered) return true;  // retries are timed from their writing
+  }
+  return !deferred_.empty() && now - deferred_since_ >= options_.outcome_delay;
 }
 
 BatchResult RelayLoop::run_once() {

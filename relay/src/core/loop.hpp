@@ -25,6 +25,12 @@ struct LoopOptions {
   std::size_t batch_size = 500;
   int max_attempts = 20;
   BackoffPolicy backoff;
+  // A poll's delivered outcomes (marks or deletes) wait for a later poll for up to this long, so
+  // that a steady stream's outcomes are written tens at a time rather than a poll's few (the
+  // statement's fixed cost is most of it). Sooner when batch_size of them pile up, when any other
+  // outcome (a retry, a dead letter, a release) is to be written, and before every full claim,
+  // lane hand-over and shutdown. 0: each poll writes the outcomes of the one before.
+  std::chrono::milliseconds outcome_delay{50};
 };
 
 struct BatchResult {
@@ -76,10 +82,10 @@ class RelayLoop {
   // sink's deferred events.
   BatchResult drain(const DrainControl& control);
 
-  // Applies completions not yet written (left over from a failed complete(), or by a poll that
-  // leaves them to the next poll), if any.
+  // Applies completions not yet written (left over from a failed complete(), or by polls that
+  // leave them to a later poll), if any.
   void flush_pending();
-  bool has_pending() const { return !pending_.empty(); }
+  bool has_pending() const { return !pending_.empty() || !deferred_.empty(); }
 
   // The earliest time a retry scheduled by this loop becomes due, if any is outstanding.
   std::optional<Clock::SteadyTime> next_retry_due() const;
@@ -92,6 +98,8 @@ class RelayLoop {
   // floor: see Store::claim_above (0: none).
   std::vector<Event> claim(bool probe = false, long long floor = 0);
   void note_retries(const std::vector<Completion>& completed);
+  // Whether a poll at `now` writes the outcomes not yet written (LoopOptions::outcome_delay).
+  bool outcomes_due(Clock::SteadyTime now) const;
   // `held`: keys whose earlier events were not delivered in batches whose outcomes the claim of
   // `events` did not see; their later events are released unpublished.
   Batch prepare(std::vector<Event> events, const KeyHolds& held) const;
@@ -110,6 +118,8 @@ class RelayLoop {
   LoopOptions options_;
   std::function<double()> jitter01_;
   std::vector<Completion> pending_;
+  std::vector<Completion> deferred_;  // delivered outcomes polls left for a later poll
+  Clock::SteadyTime deferred_since_{};  // when the first of deferred_ was left
   std::multiset<Clock::SteadyTime> retry_due_;  // bounded; see kMaxTrackedRetries
   DrainPipeline pipeline_;  // last: its helpers stop before anything above goes away
 };

@@ -490,8 +490,9 @@ TEST_CASE("a stop that comes while a batch is in the sinks hands the next claime
 
 // Polls (DrainControl::probe): a steady stream's batch is short; its outcomes ride with the next poll.
 
-TEST_CASE("a poll leaves a short batch's outcomes to the next poll, which writes them first") {
+TEST_CASE("with outcome_delay 0, a poll leaves a short batch's outcomes to the next poll, which writes them first") {
   Fixture f;
+  f.options.outcome_delay = milliseconds(0);
   f.store.batches.push_back({event(1, "x"), event(2, "y")});
   f.store.batches.push_back({event(3, "x")});
   Router router({}, 1);
@@ -512,6 +513,82 @@ TEST_CASE("a poll leaves a short batch's outcomes to the next poll, which writes
   CHECK_FALSE(loop.has_pending());
   CHECK(f.store.claims == 3);
   CHECK(f.store.probes == 3);
+}
+
+TEST_CASE("polls leave delivered outcomes to a later poll for up to outcome_delay, then write them together") {
+  Fixture f;
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "x")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  DrainControl poll;
+  poll.probe = true;
+  CHECK(loop.drain(poll).delivered == 2);
+  f.clock.t += milliseconds(5);
+  CHECK(loop.drain(poll).delivered == 1);
+  f.clock.t += milliseconds(49);  // 49 ms after the poll that first left outcomes (the second)
+  loop.drain(poll);
+  CHECK(f.store.completed.empty());
+  CHECK(loop.has_pending());
+  f.clock.t += milliseconds(1);
+  loop.drain(poll);
+  REQUIRE(f.store.carried.size() == 4);
+  CHECK(f.store.carried[0].empty());
+  CHECK(f.store.carried[1].empty());
+  CHECK(f.store.carried[2].empty());
+  REQUIRE(f.store.carried[3].size() == 3);  // the three events' outcomes, in one statement
+  for (EventId id : {1, 2, 3}) CHECK(f.store.of(id).kind == Kind::kDelivered);
+  CHECK_FALSE(loop.has_pending());
+  f.clock.t += milliseconds(5);
+  loop.drain(poll);
+  CHECK(f.store.carried[4].empty());
+  CHECK(f.store.completed.size() == 3);  // each outcome written once
+}
+
+TEST_CASE("a retry among a poll's outcomes is written by the next poll, with the outcomes left before it") {
+  Fixture f;
+  f.store.batches.push_back({event(1, "x")});
+  f.store.batches.push_back({event(2, "y"), event(3, "z")});
+  f.a.script[3] = Outcome::retry("503");
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  DrainControl poll;
+  poll.probe = true;
+  loop.drain(poll);
+  f.clock.t += milliseconds(5);
+  loop.drain(poll);  // leaves 1; its own batch holds a retry
+  f.clock.t += milliseconds(5);
+  loop.drain(poll);
+  REQUIRE(f.store.carried.size() == 3);
+  CHECK(f.store.carried[1].empty());
+  REQUIRE(f.store.carried[2].size() == 3);
+  CHECK(f.store.of(3).kind == Kind::kRetry);
+  CHECK(loop.next_retry_due().has_value());
+  CHECK_FALSE(loop.has_pending());
+}
+
+TEST_CASE("outcomes polls left are written when batch_size of them pile up, and before a full claim") {
+  Fixture f;
+  f.options.batch_size = 3;
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "x")});
+  f.store.batches.push_back({event(4, "y")});
+  f.store.batches.push_back({event(5, "x")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  DrainControl poll;
+  poll.probe = true;
+  loop.drain(poll);
+  loop.drain(poll);
+  loop.drain(poll);  // 1, 2 and 3 waiting: batch_size of them
+  REQUIRE(f.store.carried.size() == 3);
+  CHECK(f.store.carried[1].empty());
+  CHECK(f.store.carried[2].size() == 3);
+  CHECK(loop.has_pending());  // 4's outcome, left again
+  loop.drain({});             // a full claim (sweep, wakeup) writes it before it claims
+  CHECK(f.store.written_at_claim.back() == 4);
+  CHECK(f.store.of(4).kind == Kind::kDelivered);
+  CHECK(f.a.seen == std::vector<EventId>{1, 2, 3, 4, 5});
 }
 
 TEST_CASE("a poll that fills a batch goes on like a drain, claiming again only after its outcomes are written") {
