@@ -398,6 +398,32 @@ def txn_log_summary(log_prefix: Path) -> dict:
     return {"count": len(v), "p50_ms": pct(v, 0.5), "p99_ms": pct(v, 0.99), "max_ms": pct(v, 1.0)}
 
 
+def commit_times(log_prefix: Path, rows: list) -> dict | None:
+    """id -> when its transaction's COMMIT returned to the writer (epoch seconds), for rows written
+    by insert_script(tag_client=True), one event per transaction: rows is [(id, order_id)]. A
+    client runs its transactions one after the other, so its k-th row in id order is its k-th
+    transaction in pgbench's log (client txn_no time script epoch us [lag]). None if the counts
+    differ (a failed transaction)."""
+    logged = {}
+    for f in log_prefix.parent.glob(log_prefix.name + ".*"):
+        with open(f) as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 6:
+                    logged.setdefault(int(parts[0]), []).append((int(parts[1]), int(parts[4]) + int(parts[5]) / 1e6))
+    by_client = {}
+    for rid, order in rows:
+        by_client.setdefault(order // CLIENT_TAG, []).append(rid)
+    out = {}
+    for client, ids in by_client.items():
+        txns = sorted(logged.get(client, []))
+        if len(txns) != len(ids):
+            return None
+        for rid, (_, t) in zip(sorted(ids), txns):
+            out[rid] = t
+    return out
+
+
 # Writers' event: topic, aggregate_id 'k' || 1..1000, a payload of about 100 bytes of JSON.
 def payload_expr(order_expr: str) -> str:
     return ("('{\"order_id\": ' || " + order_expr + " || ', \"amount_cents\": 1999, \"currency\": \"EUR\", "
@@ -408,10 +434,16 @@ def event_values(key_expr: str, order_expr: str) -> str:
     return "('order.paid', 'k' || " + key_expr + ", " + payload_expr(order_expr) + ")"
 
 
-def insert_script(path: Path, table: str, events_per_txn: int = 1) -> Path:
+# tag_client: order ids of client c (pgbench's :client_id) are c * 10,000,000 + 1..9,999,999, so
+# that each row can be matched with its transaction in pgbench's log (commit_times()).
+CLIENT_TAG = 10_000_000
+
+
+def insert_script(path: Path, table: str, events_per_txn: int = 1, tag_client=False) -> Path:
     """One INSERT per transaction of `events_per_txn` events (each its own random key)."""
     if events_per_txn == 1:
-        path.write_text("\\set k random(1, 1000)\n\\set o random(1, 10000000)\n"
+        order = f":client_id * {CLIENT_TAG} + random(1, {CLIENT_TAG - 1})" if tag_client else "random(1, 10000000)"
+        path.write_text(f"\\set k random(1, 1000)\n\\set o {order}\n"
                         f"INSERT INTO {table} (topic, aggregate_id, payload) VALUES {event_values(':k', ':o')};\n")
     else:
         path.write_text(f"INSERT INTO {table} (topic, aggregate_id, payload) SELECT 'order.paid', "

@@ -103,6 +103,7 @@ int run_relay(const config::Config& config) {
   runner_options.sweep_interval = config.relay.sweep_interval;
   runner_options.rebalance_interval = config.relay.rebalance_interval;
   runner_options.poll_interval = config.relay.poll_interval;
+  runner_options.light_poll_interval = config.relay.light_poll_interval;
   runner_options.idle_poll_interval = config.relay.idle_poll_interval;
   runner_options.reconnect = config.database.reconnect;
   Runner runner(loop, store, bell, clock, metrics, health, runner_options, jitter);

@@ -45,13 +45,25 @@ RelaySection parse_relay(Section& s) {
   c.sweep_interval = s.duration_or("sweep_interval", c.sweep_interval);
   c.poll_interval = s.duration_or("poll_interval", c.poll_interval);
   c.idle_poll_interval = s.duration_or("idle_poll_interval", c.idle_poll_interval);
-  for (const auto& [key, value] : {std::pair{"poll_interval", c.poll_interval}, {"idle_poll_interval", c.idle_poll_interval}}) {
+  const bool light_set = s.has("light_poll_interval");
+  c.light_poll_interval = s.duration_or("light_poll_interval", std::max(c.light_poll_interval, c.poll_interval));
+  for (const auto& [key, value] : {std::pair{"poll_interval", c.poll_interval},
+                                   {"light_poll_interval", c.light_poll_interval},
+                                   {"idle_poll_interval", c.idle_poll_interval}}) {
     if (value < std::chrono::milliseconds{1} || value > std::chrono::milliseconds{10'000}) {
       throw ConfigError(s.key_path(key) + ": expected a duration from 1ms to 10s, got " + format_duration(value));
     }
   }
+  if (c.light_poll_interval < c.poll_interval) {
+    throw ConfigError(s.key_path("light_poll_interval") + ": must not be shorter than " + s.key_path("poll_interval"));
+  }
   if (c.idle_poll_interval < c.poll_interval) {
     throw ConfigError(s.key_path("idle_poll_interval") + ": must not be shorter than " + s.key_path("poll_interval"));
+  }
+  if (!light_set) c.light_poll_interval = std::min(c.light_poll_interval, c.idle_poll_interval);
+  if (c.light_poll_interval > c.idle_poll_interval) {
+    throw ConfigError(s.key_path("light_poll_interval") + ": must not be longer than " +
+                      s.key_path("idle_poll_interval"));
   }
   c.max_attempts = static_cast<int>(s.integer_or("max_attempts", c.max_attempts, 1, 1'000'000));
   if (auto b = s.section("backoff")) {
@@ -223,6 +235,7 @@ nlohmann::json describe(const Config& c) {
         {"lease", format_duration(c.relay.lease)},
         {"sweep_interval", format_duration(c.relay.sweep_interval)},
         {"poll_interval", format_duration(c.relay.poll_interval)},
+        {"light_poll_interval", format_duration(c.relay.light_poll_interval)},
         {"idle_poll_interval", format_duration(c.relay.idle_poll_interval)},
         {"max_attempts", c.relay.max_attempts},
         {"backoff", {{"initial", format_duration(c.relay.backoff.initial)}, {"max", format_duration(c.relay.backoff.max)}}},

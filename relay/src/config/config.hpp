@@ -29,6 +29,9 @@ struct RelaySection {
   // How often the relay polls the table for new events while they flow, and (growing to it) once
   // none came for 2 s (README "How wakeups work").
   std::chrono::milliseconds poll_interval{5};
+  // A light stream is polled up to this far apart (RunnerOptions::light_poll_interval); absent:
+  // 8ms, or poll_interval if that is longer.
+  std::chrono::milliseconds light_poll_interval{8};
   std::chrono::milliseconds idle_poll_interval{100};
   int max_attempts = 20;
   BackoffPolicy backoff{std::chrono::milliseconds{1000}, std::chrono::milliseconds{300'000}};

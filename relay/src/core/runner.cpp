@@ -25,6 +25,28 @@ void Runner::maybe_rebalance() {
   store_.rebalance();  // lanes gained are caught up by the drain in progress or the next one
 }
 
+void Runner::note_poll(std::size_t claimed, Time started, Time previous) {
+  constexpr double kWeight = 0.25;  // of the newest poll: a rate change shows within a few polls
+  const double seconds = std::chrono::duration<double>(started - previous).count();
+  if (recent_seconds_ <= 0) {  // the first poll
+    recent_events_ = static_cast<double>(claimed);
+    recent_seconds_ = seconds;
+    return;
+  }
+  recent_events_ += kWeight * (static_cast<double>(claimed) - recent_events_);
+  recent_seconds_ += kWeight * (seconds - recent_seconds_);
+}
+
+std::chrono::milliseconds Runner::flowing_interval() const {
+  const auto shortest = options_.poll_interval;
+  const auto longest = std::max(shortest, options_.light_poll_interval);
+  if (recent_events_ <= 0 || recent_seconds_ <= 0) return longest;
+  // The wait in which kLingerEvents arrive at the recent rate, within [shortest, longest].
+  const auto linger = std::chrono::duration<double>(kLingerEvents * recent_seconds_ / recent_events_);
+  if (linger >= longest) return longest;
+  return std::max(shortest, std::chrono::ceil<std::chrono::milliseconds>(linger));
+}
+
 std::size_t Runner::drain(bool probe) {
   // A full drain clears the bell: rings from here on wake the next wait, so nothing committed
   // later is missed. A poll leaves it: a ring it did not look for (a LISTEN session restored,
@@ -69,9 +91,12 @@ void Runner::session() {
     // Polls are paced from the start of the previous one, so that an event waits at most about
     // one poll_interval for the poll that claims it, whatever that poll's own work took.
     if (drain_needed || poll_due) {
+      const auto previous_poll = polled_at;
       polled_at = clock_.now();
       const bool probe = !drain_needed;
-      if (drain(probe) > 0) {
+      const std::size_t claimed = drain(probe);
+      if (probe) note_poll(claimed, polled_at, previous_poll);
+      if (claimed > 0) {
         last_found = clock_.now();
         if (probe) metrics_.wakeup(WakeSource::kPoll);
       }
@@ -83,7 +108,7 @@ void Runner::session() {
         now - last_found < options_.idle_after || store_.waiting_for_writers() || loop_.has_pending();
     // Once events stop, the interval grows by half each poll up to idle_poll_interval (~0.4 s to
     // get there from 5 ms): a stream that pauses for a moment still finds a fast poll.
-    poll_every = flowing ? options_.poll_interval
+    poll_every = flowing ? flowing_interval()
                          : std::min(options_.idle_poll_interval, poll_every + poll_every / 2);
     const auto next_poll = polled_at + poll_every;
     auto deadline = std::min({next_sweep_, next_rebalance_, next_poll});

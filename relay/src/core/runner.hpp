@@ -25,6 +25,10 @@ struct RunnerOptions {
   // rollback rings nothing): events wait up to this long, and a steady stream is claimed in
   // batches of what arrived meanwhile.
   std::chrono::milliseconds poll_interval{5};
+  // A light stream (fewer than kLingerEvents per poll_interval) is polled less often, up to this
+  // far apart, so that a poll carries about kLingerEvents events: each poll costs a round trip, a
+  // statement and a sink write whatever it carries. Equal to poll_interval: off.
+  std::chrono::milliseconds light_poll_interval{8};
   // Once nothing new was found for idle_after, the interval grows to idle_poll_interval: what an
   // idle relay costs.
   std::chrono::milliseconds idle_poll_interval{100};
@@ -52,6 +56,10 @@ class Runner {
   // Returns how many events were claimed.
   std::size_t drain(bool probe);
   void maybe_rebalance();
+  // The interval between polls while events flow: from poll_interval for a dense stream up to
+  // light_poll_interval for a light one, by the event rate polls found lately.
+  std::chrono::milliseconds flowing_interval() const;
+  void note_poll(std::size_t claimed, Time started, Time previous);
 
   RelayLoop& loop_;
   Store& store_;
@@ -63,6 +71,12 @@ class Runner {
   Reconnect reconnect_;
   Time next_rebalance_{};
   Time next_sweep_{};
+  // Events polls found, and the seconds they covered, smoothed over the last few polls.
+  double recent_events_ = 0;
+  double recent_seconds_ = 0;
 };
+
+// Events a poll of a light stream should carry (RunnerOptions::light_poll_interval).
+inline constexpr double kLingerEvents = 8;
 
 }  // namespace outbox

@@ -76,9 +76,19 @@ TEST_CASE("defaults fill everything but the url and sinks") {
   CHECK(c.relay.batch_size == 500);
   CHECK(c.relay.poll_interval == milliseconds(5));
   CHECK(c.relay.idle_poll_interval == milliseconds(100));
+  CHECK(c.relay.light_poll_interval == milliseconds(8));
   CHECK(c.relay.on_success == OnSuccess::kMark);
   CHECK(c.http.listen == "127.0.0.1:9187");
   CHECK(c.routes.empty());
+}
+
+TEST_CASE("light_poll_interval left out follows a longer poll_interval and a shorter idle_poll_interval") {
+  const auto env = env_of({{"DATABASE_URL", "postgresql://x/db"}});
+  const std::string sinks = "sinks: [{name: out, type: stdout}]\n";
+  CHECK(parse_config("relay: {poll_interval: 20ms}\n" + sinks, env).relay.light_poll_interval == milliseconds(20));
+  CHECK(parse_config("relay: {poll_interval: 1ms, idle_poll_interval: 3ms}\n" + sinks, env).relay.light_poll_interval ==
+        milliseconds(3));
+  CHECK(parse_config("relay: {light_poll_interval: 5ms}\n" + sinks, env).relay.light_poll_interval == milliseconds(5));
 }
 
 TEST_CASE("--database-url wins over the file, DATABASE_URL only fills a gap") {
@@ -119,6 +129,12 @@ TEST_CASE("each bad config names its key and what was expected") {
       {url + "relay: {idle_poll_interval: 1m}" + sinks, "relay.idle_poll_interval: expected a duration from 1ms to 10s"},
       {url + "relay: {poll_interval: 50ms, idle_poll_interval: 20ms}" + sinks,
        "relay.idle_poll_interval: must not be shorter than relay.poll_interval"},
+      {url + "relay: {poll_interval: 10ms, light_poll_interval: 5ms}" + sinks,
+       "relay.light_poll_interval: must not be shorter than relay.poll_interval"},
+      {url + "relay: {light_poll_interval: 200ms}" + sinks,
+       "relay.light_poll_interval: must not be longer than relay.idle_poll_interval"},
+      {url + "relay: {light_poll_interval: 20s}" + sinks,
+       "relay.light_poll_interval: expected a duration from 1ms to 10s"},
       {url + "databse: {}" + sinks, "databse: unknown key"},
       {"database: {url: postgresql://x/db, tabel: t}" + sinks, "database.tabel: unknown key"},
       {"database: {url: postgresql://x/db, table: 'Bad-Name'}" + sinks, "database.table: expected a lower-case table name"},

@@ -72,6 +72,16 @@ class FakeWaiter final : public Waiter {
   bool stopped_ = false;
 };
 
+Event event(EventId id) {
+  Event e;
+  e.id = id;
+  e.topic = "order.paid";
+  e.key = "k" + std::to_string(id);
+  e.payload = "{}";
+  e.headers_json = "{}";
+  return e;
+}
+
 // Records when each claim (a full drain) and poll ran; failures are scripted per call.
 class FakeStore final : public Store {
  public:
@@ -96,6 +106,12 @@ class FakeStore final : public Store {
     probes.push_back(clock_.t);
     if (fail_probe_at.count(probes.size())) throw StoreUnavailable("connection lost");
     completed.insert(completed.end(), c.begin(), c.end());
+    if (per_second > 0) {  // a steady stream: what arrived since the last poll
+      const auto arrived = static_cast<EventId>(per_second * std::chrono::duration<double>(clock_.t - Time{}).count());
+      std::vector<Event> batch;
+      for (; streamed < arrived; ++streamed) batch.push_back(event(streamed + 1));
+      return batch;
+    }
     return next_batch();
   }
   void complete(std::span<const Completion> c) override { completed.insert(completed.end(), c.begin(), c.end()); }
@@ -113,6 +129,8 @@ class FakeStore final : public Store {
   std::set<std::size_t> gain_at_rebalance;  // 1-based rebalance calls that gain lanes
   std::set<std::size_t> fail_probe_at;      // 1-based polls that lose the session
   bool fenced = false;
+  double per_second = 0;  // > 0: polls find a steady stream of this many events a second
+  EventId streamed = 0;
   int connects = 0;
   std::vector<Time> claims, probes, rebalances;
   std::vector<Completion> completed;
@@ -148,15 +166,6 @@ class CountingMetrics final : public Metrics {
   int reconnects = 0;
 };
 
-Event event(EventId id) {
-  Event e;
-  e.id = id;
-  e.topic = "order.paid";
-  e.key = "k" + std::to_string(id);
-  e.payload = "{}";
-  e.headers_json = "{}";
-  return e;
-}
 
 struct Fixture {
   FakeClock clock;
@@ -174,6 +183,7 @@ struct Fixture {
     options.sweep_interval = milliseconds(30'000);
     options.rebalance_interval = milliseconds(5'000);
     options.poll_interval = milliseconds(5);
+    options.light_poll_interval = milliseconds(5);  // off; the linger tests turn it on
     options.idle_poll_interval = milliseconds(100);
     options.idle_after = milliseconds(2'000);
     options.reconnect = {milliseconds(500), milliseconds(30'000)};
@@ -228,6 +238,41 @@ TEST_CASE("runner: while a claim is fenced by an open writer, polls stay at poll
   f.run();
   const auto polls = ms_list(f.store.probes);
   REQUIRE(polls.size() == 599);  // 5, 10, ..., 2995
+  for (std::size_t i = 1; i < polls.size(); ++i) REQUIRE(polls[i] - polls[i - 1] == 5);
+}
+
+// The gaps between polls of a steady stream of `per_second` events, after the first second.
+std::vector<long long> poll_gaps_at(double per_second) {
+  Fixture f;
+  f.options.light_poll_interval = milliseconds(8);
+  f.store.per_second = per_second;
+  f.waiter.stop_at = at(1'500);
+  f.run();
+  const auto polls = ms_list(f.store.probes);
+  std::vector<long long> gaps;
+  for (std::size_t i = 1; i < polls.size(); ++i) {
+    if (polls[i - 1] >= 1'000) gaps.push_back(polls[i] - polls[i - 1]);
+  }
+  REQUIRE(gaps.size() > 50);
+  CHECK(f.store.streamed == static_cast<EventId>(per_second * ms_of(f.store.probes.back()) / 1000));
+  return gaps;
+}
+
+TEST_CASE("runner: a light stream is polled up to light_poll_interval apart, a dense one every poll_interval") {
+  for (long long g : poll_gaps_at(200)) REQUIRE(g == 8);    // 8 events would take 40 ms
+  for (long long g : poll_gaps_at(1'000)) REQUIRE(g == 8);  // 8 ms: about 8 a poll
+  for (long long g : poll_gaps_at(5'000)) REQUIRE(g == 5);  // 25 a poll at poll_interval
+  // In between: about 8 a poll (8 events in 6.4 ms at 1,250/s), in whole milliseconds.
+  for (long long g : poll_gaps_at(1'250)) REQUIRE((g == 6 || g == 7));
+}
+
+TEST_CASE("runner: with light_poll_interval equal to poll_interval, a light stream is polled every poll_interval") {
+  Fixture f;
+  f.store.per_second = 200;
+  f.waiter.stop_at = at(500);
+  f.run();
+  const auto polls = ms_list(f.store.probes);
+  REQUIRE(polls.size() == 99);
   for (std::size_t i = 1; i < polls.size(); ++i) REQUIRE(polls[i] - polls[i - 1] == 5);
 }
 
