@@ -320,13 +320,15 @@ class Steady:
         finally:
             code = self.stop_relay(relay, tailer)
         w = pc.window(s0, s1)
+        by_kind = pc.postgres_cpu_by_kind(s0.procs, s1.procs, self.db.app_names())
         # Scale the baseline to the relay window's length (both are about --idle-seconds).
         pg_extra = w["postgres_cpu_seconds"] - base["postgres_cpu_seconds"] * w["wall_seconds"] / base["wall_seconds"]
         r = {"baseline": base, "relay": w, "relay_exit_code": code, "relay_metrics": pc.metrics_delta(m0, m1),
              "relay_pct_core": round(100 * w["relay_cpu_seconds"] / w["wall_seconds"], 3),
-             "postgres_pct_core": round(100 * pg_extra / w["wall_seconds"], 3)}
+             "postgres_pct_core": round(100 * pg_extra / w["wall_seconds"], 3), "postgres_cpu_by_kind": by_kind}
         r["total_pct_core"] = round(r["relay_pct_core"] + r["postgres_pct_core"], 3)
         log(f"  idle: relay {r['relay_pct_core']} % + Postgres {r['postgres_pct_core']} % of one core")
+        log(f"  Postgres CPU-s by process (relay window): {by_kind}")
         return r
 
     # -- e) the existing wakeup-latency bench ---------------------------------------------------

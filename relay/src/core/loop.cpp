@@ -72,6 +72,10 @@ std::optional<Clock::SteadyTime> RelayLoop::next_retry_due() const {
 void RelayLoop::flush_pending() {
   pending_.insert(pending_.end(), std::make_move_iterator(deferred_.begin()), std::make_move_iterator(deferred_.end()));
   deferred_.clear();
+  write_pending();
+}
+
+void RelayLoop::write_pending() {
   if (pending_.empty()) return;
   store_.complete(pending_);  // throws StoreUnavailable: pending_ stays for the next try
   note_retries(pending_);
@@ -127,8 +131,10 @@ BatchResult& BatchResult::operator+=(const BatchResult& other) {
 std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
   const auto now = clock_.now();
   std::vector<Event> events;
-  if (probe && outcomes_due(now)) {
-    // The poll writes the outcomes left by earlier polls first, in its own round trip.
+  if (probe && must_carry()) {
+    // The poll writes the outcomes left by earlier polls first, in its own round trip: a retry
+    // (or a dead letter, a release) must be written before the claim, whose head-of-line rule
+    // holds back the later events of its key.
     pending_.insert(pending_.end(), std::make_move_iterator(deferred_.begin()),
                     std::make_move_iterator(deferred_.end()));
     deferred_.clear();
@@ -136,13 +142,17 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
     note_retries(pending_);
     pending_.clear();
   } else if (probe) {
-    // Delivered outcomes only, the oldest left less than outcome_delay ago: a later poll writes
-    // them. The rows wait unmarked meanwhile; no poll claims them again (polls look above every
-    // id claimed before), and a full claim writes them first.
+    // Delivered outcomes only. They wait, unmarked, until the oldest was left outcome_delay ago or
+    // batch_size of them pile up; no poll claims those rows again (polls look above every id
+    // claimed before), and a full claim writes them first. Then they are written beside this
+    // poll's publishing, on the store's second session (drain), off the claim's path.
     if (deferred_.empty()) deferred_since_ = now;
     deferred_.insert(deferred_.end(), std::make_move_iterator(pending_.begin()),
                      std::make_move_iterator(pending_.end()));
     pending_.clear();
+    if (deferred_.size() >= options_.batch_size || now - deferred_since_ >= options_.outcome_delay) {
+      pending_ = std::exchange(deferred_, {});
+    }
     events = store_.probe_claim(options_.batch_size, {});
   } else {
     events = floor > 0 ? store_.claim_above(options_.batch_size, floor) : store_.claim(options_.batch_size);
@@ -152,13 +162,10 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
   return events;
 }
 
-bool RelayLoop::outcomes_due(Clock::SteadyTime now) const {
+bool RelayLoop::must_carry() const {
   if (options_.outcome_delay <= std::chrono::milliseconds::zero()) return true;
-  if (pending_.size() + deferred_.size() >= options_.batch_size) return true;
-  for (const Completion& c : pending_) {
-    if (c.kind != Completion::Kind::kDelivered) return true;  // retries are timed from their writing
-  }
-  return !deferred_.empty() && now - deferred_since_ >= options_.outcome_delay;
+  return std::any_of(pending_.begin(), pending_.end(),
+                     [](const Completion& c) { return c.kind != Completion::Kind::kDelivered; });
 }
 
 BatchResult RelayLoop::run_once() {
@@ -183,6 +190,9 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
   BatchResult total;
   if (!control.probe) flush_pending();
   std::vector<Event> next = claim(control.probe);
+  // Outcomes a poll found due (claim) are written beside its publishing; with nothing to publish,
+  // now.
+  if (next.empty()) write_pending();
   bool leased = !control.probe;  // a poll's events may carry no lease (Store::probe_claim)
   bool all_delivered = true;     // every batch of this drain so far: claims ahead may start above it
   while (!next.empty()) {

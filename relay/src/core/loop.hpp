@@ -25,11 +25,12 @@ struct LoopOptions {
   std::size_t batch_size = 500;
   int max_attempts = 20;
   BackoffPolicy backoff;
-  // A poll's delivered outcomes (marks or deletes) wait for a later poll for up to this long, so
-  // that a steady stream's outcomes are written tens at a time rather than a poll's few (the
-  // statement's fixed cost is most of it). Sooner when batch_size of them pile up, when any other
-  // outcome (a retry, a dead letter, a release) is to be written, and before every full claim,
-  // lane hand-over and shutdown. 0: each poll writes the outcomes of the one before.
+  // A poll's delivered outcomes (marks or deletes) wait for up to this long, so that a steady
+  // stream's outcomes are written tens at a time rather than a poll's few (the statement's fixed
+  // cost is most of it), beside a later poll's publishing. Sooner when batch_size of them pile
+  // up; carried by the next poll when any other outcome (a retry, a dead letter, a release) is to
+  // be written; before every full claim, lane hand-over and shutdown. 0: each poll carries the
+  // outcomes of the one before.
   std::chrono::milliseconds outcome_delay{50};
 };
 
@@ -97,9 +98,10 @@ class RelayLoop {
 
   // floor: see Store::claim_above (0: none).
   std::vector<Event> claim(bool probe = false, long long floor = 0);
+  void write_pending();  // pending_ only (flush_pending: deferred_ too)
   void note_retries(const std::vector<Completion>& completed);
-  // Whether a poll at `now` writes the outcomes not yet written (LoopOptions::outcome_delay).
-  bool outcomes_due(Clock::SteadyTime now) const;
+  // Whether a poll writes the outcomes not yet written in its own call (LoopOptions::outcome_delay).
+  bool must_carry() const;
   // `held`: keys whose earlier events were not delivered in batches whose outcomes the claim of
   // `events` did not see; their later events are released unpublished.
   Batch prepare(std::vector<Event> events, const KeyHolds& held) const;

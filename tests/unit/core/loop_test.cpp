@@ -531,18 +531,38 @@ TEST_CASE("polls leave delivered outcomes to a later poll for up to outcome_dela
   CHECK(f.store.completed.empty());
   CHECK(loop.has_pending());
   f.clock.t += milliseconds(1);
-  loop.drain(poll);
+  loop.drain(poll);  // finds nothing: writes them at once
   REQUIRE(f.store.carried.size() == 4);
-  CHECK(f.store.carried[0].empty());
-  CHECK(f.store.carried[1].empty());
-  CHECK(f.store.carried[2].empty());
-  REQUIRE(f.store.carried[3].size() == 3);  // the three events' outcomes, in one statement
+  for (const auto& c : f.store.carried) CHECK(c.empty());  // no poll carried them
+  REQUIRE(f.store.completed.size() == 3);  // the three events' outcomes, in one statement
   for (EventId id : {1, 2, 3}) CHECK(f.store.of(id).kind == Kind::kDelivered);
   CHECK_FALSE(loop.has_pending());
   f.clock.t += milliseconds(5);
   loop.drain(poll);
   CHECK(f.store.carried[4].empty());
   CHECK(f.store.completed.size() == 3);  // each outcome written once
+}
+
+TEST_CASE("outcomes that came due are written beside the publishing of the poll's batch, not carried by it") {
+  Fixture f;
+  f.store.batches.push_back({event(1, "x")});
+  f.store.batches.push_back({event(2, "y")});
+  f.store.batches.push_back({event(3, "z")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  DrainControl poll;
+  poll.probe = true;
+  loop.drain(poll);
+  f.clock.t += milliseconds(5);
+  loop.drain(poll);  // leaves 1 (from here on, 50 ms)
+  f.clock.t += milliseconds(50);
+  loop.drain(poll);  // claims 3; 1 and 2 are due
+  REQUIRE(f.store.carried.size() == 3);
+  for (const auto& c : f.store.carried) CHECK(c.empty());
+  REQUIRE(f.store.completed.size() == 2);
+  CHECK(f.store.written_at_claim == std::vector<std::size_t>{0, 0, 0});  // after the claim, not before
+  CHECK(f.a.seen == std::vector<EventId>{1, 2, 3});
+  CHECK(loop.has_pending());  // 3's outcome
 }
 
 TEST_CASE("a retry among a poll's outcomes is written by the next poll, with the outcomes left before it") {
@@ -580,10 +600,10 @@ TEST_CASE("outcomes polls left are written when batch_size of them pile up, and 
   poll.probe = true;
   loop.drain(poll);
   loop.drain(poll);
-  loop.drain(poll);  // 1, 2 and 3 waiting: batch_size of them
+  loop.drain(poll);  // 1, 2 and 3 waiting: batch_size of them, written beside 4's publishing
   REQUIRE(f.store.carried.size() == 3);
-  CHECK(f.store.carried[1].empty());
-  CHECK(f.store.carried[2].size() == 3);
+  for (const auto& c : f.store.carried) CHECK(c.empty());
+  CHECK(f.store.completed.size() == 3);
   CHECK(loop.has_pending());  // 4's outcome, left again
   loop.drain({});             // a full claim (sweep, wakeup) writes it before it claims
   CHECK(f.store.written_at_claim.back() == 4);
