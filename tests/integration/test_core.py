@@ -226,7 +226,8 @@ def test_7_retry_backs_off_and_poison_is_dead_lettered(db, relays, workdir):
     sink_path.unlink()
     sink_path.symlink_to(out)
     wait_until(lambda: sorted(ids_in(out)) == good, timeout=10, message="good rows delivered after the fix")
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL") == 5
+    wait_until(lambda: db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL") == 5,
+               timeout=10, message="the good rows marked")
     status = json.loads(run_cli("status", "--json", env={"DATABASE_URL": db.url}).stdout)
     assert status["dead_lettered"] == 1 and status["pending"] == 0
     assert status["topics"] == [{"topic": "order.paid", "pending": 0, "oldest_pending_age_seconds": 0.0,
