@@ -16,6 +16,9 @@ a) Paced writers: pgbench -n -M prepared -R RATE -c 8 -j 2, single-row INSERT in
    5,000/s <= 50 us (relay + Postgres). Events per claim from /metrics: events published /
    outbox_relay_claim_duration_seconds_count (every claim statement, also the ones that found
    nothing). Not in the window: the completion of the last batch (it follows the sink's write).
+   Postgres CPU is also split by process (the relay's sessions by application_name, walwriter,
+   ..., and "exited": backends and autovacuum workers that ended in the window) in the log and
+   the JSON, for a diagnosis.
 b) Commit-to-sink latency during (a): a tailer thread reads the sink file as it grows (inotify)
    and stamps each line with time.time(). Commit-to-sink = stamp - when the writer's COMMIT
    returned: each writer puts pgbench's :client_id into its order ids, and a client's k-th row in
