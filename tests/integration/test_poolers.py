@@ -248,6 +248,8 @@ def test_a_transaction_pooler_after_a_reconnect_is_a_readiness_reason_and_claims
     wait_until(lambda: readyz(http_port)[0] == 200, timeout=30, message="ready through the session pool")
     db.insert([("order.paid", f"key-{i % 3}", {"i": i}) for i in range(5)])
     wait_until(lambda: len(read_jsonl(out)) == 5, timeout=30, message="5 events delivered")
+    # ... and marked (a steady stream's marks follow the sink by up to 50 ms).
+    wait_until(lambda: pending(db) == 0, timeout=10, message="5 events marked")
 
     # The pool turns into a transaction pool, and the relay's sessions are cut: it reconnects.
     pool.set_mode("transaction")
