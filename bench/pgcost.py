@@ -216,32 +216,6 @@ def _stat(pid: int):
 _PPID, _UTIME, _STIME, _CUTIME, _CSTIME = 1, 11, 12, 13, 14
 
 
-def postgres_cpu_seconds(postmaster: int) -> float:
-    """Our cluster: every process whose comm is 'postgres' and that is the postmaster or one of
-    its children; utime + stime + cutime + cstime. Live backends are read before the postmaster,
-    so a backend that exits during the scan may be counted twice (read live, then in the
-    postmaster's cutime), never lost; windows start and end when no connection is closing."""
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        if pid == postmaster:
-            continue
-        s = _stat(pid)
-        if s is None:
-            continue
-        comm, f = s
-        if comm == "postgres" and int(f[_PPID]) == postmaster:
-            total += int(f[_UTIME]) + int(f[_STIME]) + int(f[_CUTIME]) + int(f[_CSTIME])
-    own = _stat(postmaster)
-    if own is None:
-        raise RuntimeError(f"postmaster {postmaster} is gone")
-    f = own[1]
-    total += int(f[_UTIME]) + int(f[_STIME]) + int(f[_CUTIME]) + int(f[_CSTIME])
-    return total / HZ
-
-
 def postgres_processes(postmaster: int) -> dict:
     """pid -> [title, utime + stime seconds] of our cluster's live processes; the postmaster's
     entry holds its own CPU and, under the pid -1, the CPU of its reaped children."""
@@ -262,6 +236,15 @@ def postgres_processes(postmaster: int) -> dict:
         if pid == postmaster:
             procs[-1] = ["exited children", (int(f[_CUTIME]) + int(f[_CSTIME])) / HZ]
     return procs
+
+
+def postgres_cpu_seconds(procs: dict) -> float:
+    """Our cluster's CPU from a postgres_processes() snapshot: every live process's utime + stime
+    plus the postmaster's reaped children. A backend that exits is reaped by the postmaster, so
+    deltas of this sum count every backend exactly once; one that exits during the /proc scan may
+    be counted twice (read live, then in the postmaster's cutime), never lost; windows start and
+    end when no connection is closing."""
+    return sum(cpu for _, cpu in procs.values())
 
 
 def postgres_cpu_by_kind(a: dict, b: dict, app_names: dict) -> dict:
@@ -317,11 +300,13 @@ def own_cpu_seconds() -> float:
 class Snapshot:
     def __init__(self, postmaster: int, relay_pid: int | None = None):
         self.t = time.monotonic()
-        self.pg = postgres_cpu_seconds(postmaster)
+        self.procs = postgres_processes(postmaster)
+        if -1 not in self.procs:
+            raise RuntimeError(f"postmaster {postmaster} is gone")
+        self.pg = postgres_cpu_seconds(self.procs)
         self.relay = process_cpu_seconds(relay_pid) if relay_pid else None
         self.machine = machine_busy_seconds()
         self.own = own_cpu_seconds()
-        self.procs = postgres_processes(postmaster)
 
 
 def window(a: Snapshot, b: Snapshot, relay_children_cpu: float = 0.0) -> dict:

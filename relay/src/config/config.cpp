@@ -45,8 +45,10 @@ RelaySection parse_relay(Section& s) {
   c.sweep_interval = s.duration_or("sweep_interval", c.sweep_interval);
   c.poll_interval = s.duration_or("poll_interval", c.poll_interval);
   c.idle_poll_interval = s.duration_or("idle_poll_interval", c.idle_poll_interval);
-  const bool light_set = s.has("light_poll_interval");
-  c.light_poll_interval = s.duration_or("light_poll_interval", std::max(c.light_poll_interval, c.poll_interval));
+  // Left out: 8ms, within [poll_interval, idle_poll_interval] (an inverted pair is refused below).
+  c.light_poll_interval = s.duration_or(
+      "light_poll_interval",
+      std::clamp(c.light_poll_interval, c.poll_interval, std::max(c.poll_interval, c.idle_poll_interval)));
   for (const auto& [key, value] : {std::pair{"poll_interval", c.poll_interval},
                                    {"light_poll_interval", c.light_poll_interval},
                                    {"idle_poll_interval", c.idle_poll_interval}}) {
@@ -60,7 +62,6 @@ RelaySection parse_relay(Section& s) {
   if (c.idle_poll_interval < c.poll_interval) {
     throw ConfigError(s.key_path("idle_poll_interval") + ": must not be shorter than " + s.key_path("poll_interval"));
   }
-  if (!light_set) c.light_poll_interval = std::min(c.light_poll_interval, c.idle_poll_interval);
   if (c.light_poll_interval > c.idle_poll_interval) {
     throw ConfigError(s.key_path("light_poll_interval") + ": must not be longer than " +
                       s.key_path("idle_poll_interval"));

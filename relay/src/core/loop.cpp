@@ -15,6 +15,12 @@ constexpr std::size_t kMaxTrackedRetries = 100000;
 constexpr std::chrono::milliseconds kRetrySlack{20};
 constexpr const char* kNoSink = "relay";  // metric label when the relay itself rejects an event
 
+// Moves every outcome of `from` to the end of `to`.
+void move_all(std::vector<Completion>& from, std::vector<Completion>& to) {
+  to.insert(to.end(), std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+  from.clear();
+}
+
 double seconds_between(Clock::SteadyTime from, Clock::SteadyTime to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -70,10 +76,11 @@ std::optional<Clock::SteadyTime> RelayLoop::next_retry_due() const {
 }
 
 void RelayLoop::flush_pending() {
-  pending_.insert(pending_.end(), std::make_move_iterator(deferred_.begin()), std::make_move_iterator(deferred_.end()));
-  deferred_.clear();
+  take_deferred();
   write_pending();
 }
+
+void RelayLoop::take_deferred() { move_all(deferred_, pending_); }
 
 void RelayLoop::write_pending() {
   if (pending_.empty()) return;
@@ -135,9 +142,7 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
     // The poll writes the outcomes left by earlier polls first, in its own round trip: a retry
     // (or a dead letter, a release) must be written before the claim, whose head-of-line rule
     // holds back the later events of its key.
-    pending_.insert(pending_.end(), std::make_move_iterator(deferred_.begin()),
-                    std::make_move_iterator(deferred_.end()));
-    deferred_.clear();
+    take_deferred();
     events = store_.probe_claim(options_.batch_size, pending_);  // throws: pending_ stays
     note_retries(pending_);
     pending_.clear();
@@ -147,9 +152,7 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
     // claimed before), and a full claim writes them first. Then they are written beside this
     // poll's publishing, on the store's second session (drain), off the claim's path.
     if (deferred_.empty()) deferred_since_ = now;
-    deferred_.insert(deferred_.end(), std::make_move_iterator(pending_.begin()),
-                     std::make_move_iterator(pending_.end()));
-    pending_.clear();
+    move_all(pending_, deferred_);
     if (deferred_.size() >= options_.batch_size || now - deferred_since_ >= options_.outcome_delay) {
       pending_ = std::exchange(deferred_, {});
     }
@@ -236,8 +239,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     if (failure) {
       // Keep every outcome for the next call; hand back what was claimed meanwhile.
       if (!previous_written) pending_ = std::move(previous);
-      pending_.insert(pending_.end(), std::make_move_iterator(outcomes.begin()),
-                      std::make_move_iterator(outcomes.end()));
+      move_all(outcomes, pending_);
       hand_back(next);
       std::rethrow_exception(failure);
     }

@@ -99,6 +99,7 @@ class RelayLoop {
   // floor: see Store::claim_above (0: none).
   std::vector<Event> claim(bool probe = false, long long floor = 0);
   void write_pending();  // pending_ only (flush_pending: deferred_ too)
+  void take_deferred();  // deferred_ joins pending_
   void note_retries(const std::vector<Completion>& completed);
   // Whether a poll writes the outcomes not yet written in its own call (LoopOptions::outcome_delay).
   bool must_carry() const;

@@ -141,10 +141,21 @@ struct Fixture {
   CountingMetrics metrics;
   LoopOptions options{500, 3, BackoffPolicy{milliseconds(100), milliseconds(2000)}};
 
+  Router one{{}, 1};
+
   RelayLoop make(const Router& router, std::vector<Sink*> sinks) {
     return RelayLoop(store, std::move(sinks), router, clock, metrics, options, [] { return 0.0; });
   }
+  // Every topic to sink a.
+  RelayLoop one_sink() { return make(one, {&a}); }
 };
+
+// What the runner passes for a poll (Store::probe_claim first).
+DrainControl polling() {
+  DrainControl c;
+  c.probe = true;
+  return c;
+}
 
 }  // namespace
 
@@ -495,10 +506,8 @@ TEST_CASE("with outcome_delay 0, a poll leaves a short batch's outcomes to the n
   f.options.outcome_delay = milliseconds(0);
   f.store.batches.push_back({event(1, "x"), event(2, "y")});
   f.store.batches.push_back({event(3, "x")});
-  Router router({}, 1);
-  auto loop = f.make(router, {&f.a});
-  DrainControl poll;
-  poll.probe = true;
+  auto loop = f.one_sink();
+  const DrainControl poll = polling();
   CHECK(loop.drain(poll).delivered == 2);
   CHECK(f.store.completed.empty());  // no separate complete for a short batch
   CHECK(loop.has_pending());
@@ -519,10 +528,8 @@ TEST_CASE("polls leave delivered outcomes to a later poll for up to outcome_dela
   Fixture f;
   f.store.batches.push_back({event(1, "x"), event(2, "y")});
   f.store.batches.push_back({event(3, "x")});
-  Router router({}, 1);
-  auto loop = f.make(router, {&f.a});
-  DrainControl poll;
-  poll.probe = true;
+  auto loop = f.one_sink();
+  const DrainControl poll = polling();
   CHECK(loop.drain(poll).delivered == 2);
   f.clock.t += milliseconds(5);
   CHECK(loop.drain(poll).delivered == 1);
@@ -548,10 +555,8 @@ TEST_CASE("outcomes that came due are written beside the publishing of the poll'
   f.store.batches.push_back({event(1, "x")});
   f.store.batches.push_back({event(2, "y")});
   f.store.batches.push_back({event(3, "z")});
-  Router router({}, 1);
-  auto loop = f.make(router, {&f.a});
-  DrainControl poll;
-  poll.probe = true;
+  auto loop = f.one_sink();
+  const DrainControl poll = polling();
   loop.drain(poll);
   f.clock.t += milliseconds(5);
   loop.drain(poll);  // leaves 1 (from here on, 50 ms)
@@ -570,10 +575,8 @@ TEST_CASE("a retry among a poll's outcomes is written by the next poll, with the
   f.store.batches.push_back({event(1, "x")});
   f.store.batches.push_back({event(2, "y"), event(3, "z")});
   f.a.script[3] = Outcome::retry("503");
-  Router router({}, 1);
-  auto loop = f.make(router, {&f.a});
-  DrainControl poll;
-  poll.probe = true;
+  auto loop = f.one_sink();
+  const DrainControl poll = polling();
   loop.drain(poll);
   f.clock.t += milliseconds(5);
   loop.drain(poll);  // leaves 1; its own batch holds a retry
@@ -594,10 +597,8 @@ TEST_CASE("outcomes polls left are written when batch_size of them pile up, and 
   f.store.batches.push_back({event(3, "x")});
   f.store.batches.push_back({event(4, "y")});
   f.store.batches.push_back({event(5, "x")});
-  Router router({}, 1);
-  auto loop = f.make(router, {&f.a});
-  DrainControl poll;
-  poll.probe = true;
+  auto loop = f.one_sink();
+  const DrainControl poll = polling();
   loop.drain(poll);
   loop.drain(poll);
   loop.drain(poll);  // 1, 2 and 3 waiting: batch_size of them, written beside 4's publishing
@@ -617,10 +618,8 @@ TEST_CASE("a poll that fills a batch goes on like a drain, claiming again only a
   f.store.batches.push_back({event(1, "x"), event(2, "y")});
   f.store.batches.push_back({event(3, "x"), event(4, "y")});
   f.store.batches.push_back({event(5, "x")});
-  Router router({}, 1);
-  auto loop = f.make(router, {&f.a});
-  DrainControl poll;
-  poll.probe = true;
+  auto loop = f.one_sink();
+  const DrainControl poll = polling();
   CHECK(loop.drain(poll).delivered == 5);
   CHECK(f.store.probes == 1);  // only the first claim is a poll
   CHECK(f.store.claims == 3);
@@ -638,10 +637,8 @@ TEST_CASE("a poll that fills a batch goes on like a drain, claiming again only a
 TEST_CASE("a poll that loses its session keeps the outcomes it carried for the next call") {
   Fixture f;
   f.store.batches.push_back({event(1, "x")});
-  Router router({}, 1);
-  auto loop = f.make(router, {&f.a});
-  DrainControl poll;
-  poll.probe = true;
+  auto loop = f.one_sink();
+  const DrainControl poll = polling();
   loop.drain(poll);
   f.store.fail_probes = 1;
   CHECK_THROWS_AS(loop.drain(poll), StoreUnavailable);
@@ -655,10 +652,8 @@ TEST_CASE("a retry from a poll is timed from when a later call wrote it") {
   Fixture f;
   f.store.batches.push_back({event(1, "x"), event(2, "y")});
   f.a.script[1] = Outcome::retry("503");
-  Router router({}, 1);
-  auto loop = f.make(router, {&f.a});
-  DrainControl poll;
-  poll.probe = true;
+  auto loop = f.one_sink();
+  const DrainControl poll = polling();
   const auto r = loop.drain(poll);
   CHECK(r.retried == 1);
   CHECK(r.delivered == 1);
