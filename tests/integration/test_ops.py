@@ -163,7 +163,7 @@ def test_1_metrics_after_known_workload(db, relays, workdir):
     version = run_cli("--version").stdout.split()[-1]
     assert m.value("outbox_relay_build_info", version=version) == 1
     wakeups = m.series("outbox_relay_wakeups_total")
-    assert {dict(labels)["source"] for labels in wakeups} == {"notify", "poll", "sweep", "retry", "startup"}
+    assert {dict(labels)["source"] for labels in wakeups} == {"notify", "poll", "sweep", "retry", "startup", "watch"}
     # Writers ring no bell (schema 2): the relay found the events by polling.
     assert m.value("outbox_relay_wakeups_total", source="poll") >= 1
     assert m.value("outbox_relay_wakeups_total", source="notify") == 0

@@ -117,8 +117,13 @@ int run_relay(const config::Config& config) {
   } catch (const StoreUnavailable&) {
   }
 
+  pg::WatchOptions watch;
+  watch.enabled = config.relay.idle_watch;
+  watch.table = config.database.table;
+  watch.check = config.relay.idle_poll_interval;
+  watch.length = runner_options.watched_poll_interval;
   pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, runner_options.reconnect,
-                        clock);
+                        clock, watch);
   ops.start([&store] { return store.lanes_owned(); });
   listener.start();
   std::promise<void> finished;
@@ -129,9 +134,8 @@ int run_relay(const config::Config& config) {
   });
 
   int exit_code = 0;
-  timespec tick{0, 200'000'000};
   while (!bell.stopped()) {
-    const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+    const int sig = sigwaitinfo(&stop_signals, nullptr);  // only a signal stops the bell
     if (sig == SIGTERM || sig == SIGINT) {
       log::info("stop signal received, finishing the batch in flight",
                 {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
@@ -139,6 +143,7 @@ int run_relay(const config::Config& config) {
       bell.stop();
     }
   }
+  listener.interrupt();  // a watch statement in progress
   const auto deadline = std::chrono::steady_clock::now() + config.relay.shutdown_timeout;
   if (loop_done.wait_until(deadline - std::chrono::milliseconds(500)) != std::future_status::ready) {
     // A sink is stuck past the bound: release this instance's leases from a fresh session so a

@@ -66,6 +66,7 @@ RelaySection parse_relay(Section& s) {
     throw ConfigError(s.key_path("light_poll_interval") + ": must not be longer than " +
                       s.key_path("idle_poll_interval"));
   }
+  c.idle_watch = s.boolean_or("idle_watch", c.idle_watch);
   c.max_attempts = static_cast<int>(s.integer_or("max_attempts", c.max_attempts, 1, 1'000'000));
   if (auto b = s.section("backoff")) {
     c.backoff.initial = b->duration_or("initial", c.backoff.initial);
@@ -238,6 +239,7 @@ nlohmann::json describe(const Config& c) {
         {"poll_interval", format_duration(c.relay.poll_interval)},
         {"light_poll_interval", format_duration(c.relay.light_poll_interval)},
         {"idle_poll_interval", format_duration(c.relay.idle_poll_interval)},
+        {"idle_watch", c.relay.idle_watch},
         {"max_attempts", c.relay.max_attempts},
         {"backoff", {{"initial", format_duration(c.relay.backoff.initial)}, {"max", format_duration(c.relay.backoff.max)}}},
         {"on_success", c.relay.on_success == OnSuccess::kDelete ? "delete" : "mark"},

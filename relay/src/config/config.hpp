@@ -33,6 +33,9 @@ struct RelaySection {
   // 8ms, or poll_interval if that is longer.
   std::chrono::milliseconds light_poll_interval{8};
   std::chrono::milliseconds idle_poll_interval{100};
+  // Idle, the LISTEN session waits for the next id inside Postgres (postgres/listener.hpp) and
+  // the relay polls once a second; off: it polls every idle_poll_interval.
+  bool idle_watch = true;
   int max_attempts = 20;
   BackoffPolicy backoff{std::chrono::milliseconds{1000}, std::chrono::milliseconds{300'000}};
   OnSuccess on_success = OnSuccess::kMark;

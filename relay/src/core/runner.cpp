@@ -110,7 +110,14 @@ void Runner::session() {
     // get there from 5 ms): a stream that pauses for a moment still finds a fast poll.
     poll_every = flowing ? flowing_interval()
                          : std::min(options_.idle_poll_interval, poll_every + poll_every / 2);
-    const auto next_poll = polled_at + poll_every;
+    // Idle: the LISTEN thread waits for the next id from inside Postgres, for a fraction of what
+    // polls cost; a new id rings kWatch. Polls go on, far apart, as a safety net.
+    bool watched = false;
+    if (!flowing && poll_every >= options_.idle_poll_interval && options_.watched_poll_interval > poll_every) {
+      if (const auto from = store_.watch_from()) watched = waiter_.offer_watch(*from);
+    }
+    if (!watched) waiter_.withdraw_watch();
+    const auto next_poll = polled_at + (watched ? options_.watched_poll_interval : poll_every);
     auto deadline = std::min({next_sweep_, next_rebalance_, next_poll});
     if (auto due = loop_.next_retry_due()) deadline = std::min(deadline, *due);
     const auto source = waiter_.wait_until(deadline);

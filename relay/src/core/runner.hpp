@@ -1,8 +1,9 @@
 #pragma once
 // Drives the loop: polls the store (Store::probe_claim) every poll_interval while events flow and
-// every idle_poll_interval once they stop; drains at once on a bell (LISTEN), a sweep tick, a due
-// retry or lanes gained, until a claim comes back short; reconnects with backoff (core/reconnect)
-// when the store fails. README "How wakeups work".
+// every idle_poll_interval once they stop, or hands the wait for new events to the LISTEN thread
+// (Waiter::offer_watch) and polls every watched_poll_interval; drains at once on a bell (LISTEN,
+// the watch), a sweep tick, a due retry or lanes gained, until a claim comes back short;
+// reconnects with backoff (core/reconnect) when the store fails. README "How wakeups work".
 //
 // Time and waiting come through the Clock and Waiter seams (the Bell in production), so unit tests
 // drive the schedule on one thread with a fake clock and no sleeps.
@@ -33,6 +34,9 @@ struct RunnerOptions {
   // idle relay costs.
   std::chrono::milliseconds idle_poll_interval{100};
   std::chrono::milliseconds idle_after{2000};
+  // Idle, with the LISTEN session watching the id sequence for the relay (Waiter::offer_watch:
+  // a new id rings at once), polls are only a safety net, this far apart.
+  std::chrono::milliseconds watched_poll_interval{1000};
   BackoffPolicy reconnect{std::chrono::milliseconds{500}, std::chrono::milliseconds{30000}};
 };
 

@@ -1,6 +1,7 @@
 #pragma once
 // The store seam: the outbox table as the loop sees it.
 #include <chrono>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -75,6 +76,11 @@ class Store {
   // event of the same key is open. Its commit rings the bell; the runner also re-polls soon, in
   // case it rolls back instead (a rollback rings nothing).
   virtual bool waiting_for_writers() const { return false; }
+  // When the last poll found nothing new and no writer held events back: the id such that every
+  // event not yet claimed has a higher one, drawn from the id sequence after it (so an idle loop
+  // can wait for the sequence to pass it instead of polling: Waiter::offer_watch). nullopt when
+  // that is not known (before the first poll, schema 1, a writer open).
+  virtual std::optional<long long> watch_from() const { return std::nullopt; }
 };
 
 }  // namespace outbox

@@ -28,7 +28,8 @@ const Histogram::BucketBoundaries kClaimBuckets{0.0005, 0.001, 0.0025, 0.005, 0.
 const Histogram::BucketBoundaries kPublishBuckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                   0.5,   1,      2.5,   5,    10,    30,   60};
 
-constexpr std::array kWakeSources{WakeSource::kNotify, WakeSource::kPoll, WakeSource::kSweep, WakeSource::kRetry, WakeSource::kStartup};
+constexpr std::array kWakeSources{WakeSource::kNotify, WakeSource::kPoll,    WakeSource::kSweep,
+                                  WakeSource::kRetry,  WakeSource::kStartup, WakeSource::kWatch};
 
 }  // namespace
 
@@ -39,6 +40,7 @@ const char* wake_source_label(WakeSource source) {
     case WakeSource::kSweep: return "sweep";
     case WakeSource::kRetry: return "retry";
     case WakeSource::kStartup: return "startup";
+    case WakeSource::kWatch: return "watch";
   }
   return "unknown";
 }
@@ -83,7 +85,8 @@ struct PrometheusMetrics::Impl {
                                  .Name("outbox_relay_wakeups_total")
                                  .Help("Why the loop claimed: poll (a poll of the table found new events), notify (a "
                                        "NOTIFY on the channel: an operator command or an opt-in writer trigger), sweep "
-                                       "(timer), retry (a retry fell due), startup (catch-up after (re)connecting LISTEN)")
+                                       "(timer), retry (a retry fell due), startup (catch-up after (re)connecting LISTEN), watch "
+                                       "(an idle relay's watch of the id sequence saw a new id)")
                                  .Register(registry);
   Counter& reconnects = prometheus::BuildCounter()
                             .Name("outbox_relay_db_reconnects_total")

@@ -1,5 +1,9 @@
 #include "postgres/listener.hpp"
 
+#include <poll.h>
+
+#include <cmath>
+#include <optional>
 #include <random>
 
 #include "core/reconnect.hpp"
@@ -20,17 +24,61 @@ class Receiver final : public pqxx::notification_receiver {
   Bell& bell_;
 };
 
+// How often a session that may not watch looks at the table again (a migration that drops the
+// NOTIFY trigger, a grant, a push trigger created or dropped).
+constexpr auto kLookAgain = std::chrono::seconds(60);
+
+// The sequence to watch, or why not. A table whose enabled triggers notify (schema 1, or the
+// opt-in push trigger) has writers that ring the bell themselves: the session listens only, as
+// a watch would hold their notifications back for up to a statement.
+struct Watchable {
+  std::optional<std::string> sequence;
+  std::string why_not;
+};
+
+Watchable look_at_table(pqxx::connection_base& conn, const std::string& table) {
+  pqxx::nontransaction q(conn);
+  const auto r = q.exec_params1(
+      "SELECT s.seq, coalesce(has_sequence_privilege(s.seq, 'SELECT') OR has_sequence_privilege(s.seq, 'USAGE'), "
+      "                       false), "
+      "       EXISTS (SELECT 1 FROM pg_trigger AS t JOIN pg_proc AS p ON p.oid = t.tgfoid "
+      "                WHERE t.tgrelid = to_regclass($1) AND NOT t.tgisinternal AND t.tgenabled <> 'D' "
+      "                  AND p.prosrc ~* 'notify') "
+      "FROM (SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE pg_get_serial_sequence($1, 'id') END AS seq) AS s",
+      table);
+  if (r[0].is_null()) return {std::nullopt, "no table " + table + " with an id sequence"};
+  if (!r[1].as<bool>()) return {std::nullopt, "no privilege to read the id sequence"};
+  if (r[2].as<bool>()) return {std::nullopt, "a trigger on " + table + " notifies: its writers ring the bell"};
+  return {r[0].as<std::string>(), {}};
+}
+
+// One statement that returns once the sequence passed $2 (its last value), or after $3 reads
+// $4 seconds apart (0 then, if nothing was drawn). The backend sleeps between reads; the sequence
+// is read outside any snapshot, so the statement sees ids as they are drawn.
+constexpr const char* kWatchSql =
+    "SELECT coalesce(pg_sequence_last_value($1::regclass), 0) FROM generate_series(1, $3::int) AS g "
+    "WHERE coalesce(pg_sequence_last_value($1::regclass), 0) > $2::int8 OR g = $3::int "
+    "   OR pg_sleep($4::float8) IS NULL "
+    "LIMIT 1";
+
+// Blocks until the session's socket or the bell's watcher fd is readable.
+void wait_readable(int sock, int bell_fd) {
+  pollfd fds[2] = {{sock, POLLIN, 0}, {bell_fd, POLLIN, 0}};
+  if (::poll(fds, 2, -1) < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
+}
+
 }  // namespace
 
 Listener::Listener(std::string url, std::string channel, Bell& bell, Health& health, Metrics& metrics,
-                   BackoffPolicy reconnect, const Clock& clock)
+                   BackoffPolicy reconnect, const Clock& clock, WatchOptions watch)
     : url_(std::move(url)),
       channel_(std::move(channel)),
       bell_(bell),
       health_(health),
       metrics_(metrics),
       reconnect_(reconnect),
-      clock_(clock) {}
+      clock_(clock),
+      watch_(std::move(watch)) {}
 
 Listener::~Listener() { join(); }
 
@@ -40,10 +88,22 @@ void Listener::join() {
 
 void Listener::start() { thread_ = std::thread([this] { run(); }); }
 
+void Listener::interrupt() {
+  std::lock_guard lock(watching_mutex_);
+  if (!watching_) return;
+  try {
+    watching_->cancel_query();  // reads only what the connection was given at connect
+  } catch (const std::exception&) {
+    // The thread ends at its next check of the bell anyway.
+  }
+}
+
 void Listener::run() {
   std::mt19937 rng{std::random_device{}()};
   std::uniform_real_distribution<double> jitter(0.0, 1.0);
   const HintContext hints{url_user(url_), {}};
+  const int checks = std::max(1, static_cast<int>(watch_.length / std::max(watch_.check, std::chrono::milliseconds{1})));
+  const double check_seconds = std::chrono::duration<double>(watch_.check).count();
   Reconnect reconnect({"listener", "LISTEN session lost, will reconnect", "LISTEN session restored"}, reconnect_,
                       bell_, clock_, metrics_, health_.listener_up, health_.listener_error,
                       [&] { return jitter(rng); });
@@ -54,8 +114,62 @@ void Listener::run() {
       Receiver receiver(*conn, channel_, bell_);  // issues LISTEN, committed at once
       if (reconnect.connected() == 0) log::info("listening", {{"channel", channel_}});
       bell_.ring(WakeSource::kStartup);  // catch up on whatever was committed before LISTEN
+
+      struct NoWatcher {  // whatever ends this session
+        Bell& bell;
+        ~NoWatcher() { bell.set_watcher(false); }
+      } no_watcher{bell_};
+      if (watch_.enabled) {
+        conn->prepare("watch", kWatchSql);
+        pqxx::nontransaction(*conn).exec0("SET statement_timeout = 0");  // a watch lasts ~watch.length
+      }
+      std::optional<std::string> sequence;
+      std::optional<Clock::SteadyTime> looked_at;
       while (!bell_.stopped()) {
-        conn->await_notification(0, 200'000);  // returns early on a notification or stop check
+        bell_.drain_watcher_fd();  // before the offer is read: a later offer makes it readable again
+        if (watch_.enabled && (!looked_at || clock_.now() - *looked_at >= kLookAgain)) {
+          const Watchable w = look_at_table(*conn, watch_.table);
+          if (!w.sequence && (sequence || !looked_at)) {  // said once, and again after a change
+            log::debug("no idle watch on this LISTEN session; the relay polls", {{"reason", w.why_not}});
+          }
+          looked_at = clock_.now();
+          sequence = w.sequence;
+          bell_.set_watcher(sequence.has_value());
+        }
+        const auto after = sequence ? bell_.watch_offer() : std::nullopt;
+        if (!after) {
+          wait_readable(conn->sock(), bell_.watcher_fd());
+          conn->get_notifs();
+          continue;
+        }
+        long long last = 0;
+        try {
+          {
+            std::lock_guard lock(watching_mutex_);
+            watching_ = conn.get();
+          }
+          struct NotWatching {
+            Listener& l;
+            ~NotWatching() {
+              std::lock_guard lock(l.watching_mutex_);
+              l.watching_ = nullptr;
+            }
+          } not_watching{*this};
+          if (bell_.stopped()) break;
+          pqxx::nontransaction q(*conn);
+          last = q.exec_prepared1("watch", *sequence, *after, checks, check_seconds)[0].as<long long>();
+        } catch (const pqxx::broken_connection&) {
+          throw;
+        } catch (const pqxx::sql_error& e) {
+          if (bell_.stopped()) break;  // interrupt(): the statement was cancelled
+          // A sequence dropped, a role's statement_timeout, ...: listen only, look again later.
+          log::warn("idle watch failed; the relay polls instead", {{"error", describe_error(e)}});
+          sequence.reset();
+          bell_.set_watcher(false);
+          continue;
+        }
+        conn->get_notifs();  // what arrived during the statement
+        if (last > *after) bell_.ring_watch(*after);
       }
     }, hints);
   });

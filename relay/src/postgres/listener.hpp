@@ -1,9 +1,18 @@
 #pragma once
-// The dedicated LISTEN session: its own thread and connection, LISTEN and nothing else.
+// The dedicated LISTEN session: its own thread and connection. It LISTENs, and watches the id
+// sequence for an idle relay.
 // Order at start and after every reconnect: LISTEN (autocommit), then ring the bell so the loop
 // catches up from the table. A notification only rings the bell; it carries no data.
+// The idle watch: while the loop offers it (Waiter::offer_watch), this session runs one statement
+// of about `watch.length` that reads the table's id sequence every `watch.check` (the backend
+// sleeps in between) and returns once an id above the offer was drawn; the thread then rings
+// kWatch. Notifications that arrive meanwhile are handled when the statement returns. No watch
+// when the table has an enabled trigger that notifies (its writers ring the bell themselves,
+// within a millisecond) or the role cannot read the sequence.
 // Reconnects through core/reconnect.hpp, like the work session.
+#include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -13,18 +22,31 @@
 #include "core/health.hpp"
 #include "core/metrics.hpp"
 
+namespace pqxx {
+class connection_base;
+}
+
 namespace outbox::pg {
+
+struct WatchOptions {
+  bool enabled = true;
+  std::string table = "outbox_events";
+  std::chrono::milliseconds check{100};   // between two reads of the sequence
+  std::chrono::milliseconds length{1000};  // of one watch statement
+};
 
 class Listener {
  public:
   // Everything is borrowed and must outlive the listener; the clock is read on its thread.
   Listener(std::string url, std::string channel, Bell& bell, Health& health, Metrics& metrics,
-           BackoffPolicy reconnect, const Clock& clock);
+           BackoffPolicy reconnect, const Clock& clock, WatchOptions watch = {});
   ~Listener();  // joins; the thread ends once the bell is stopped
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
   void start();
+  // After the bell is stopped: cancels a watch statement in progress, so the thread ends now.
+  void interrupt();
   // Waits for the thread, which ends once the bell is stopped.
   void join();
 
@@ -38,7 +60,10 @@ class Listener {
   Metrics& metrics_;
   BackoffPolicy reconnect_;
   const Clock& clock_;
+  WatchOptions watch_;
   std::thread thread_;
+  std::mutex watching_mutex_;
+  pqxx::connection_base* watching_ = nullptr;  // the session while a watch statement runs
 };
 
 }  // namespace outbox::pg

@@ -294,6 +294,15 @@ PgStore::~PgStore() = default;
 
 bool PgStore::waiting_for_writers() const { return impl_->fenced; }
 
+std::optional<long long> PgStore::watch_from() const {
+  const auto& im = *impl_;
+  // The state in which a poll asks "anything new above resolved?" first: the last call of the
+  // claim function was a poll that found nothing, with no writer open and no reading pending, so
+  // its bound (resolved) was the last id drawn then.
+  if (!im.conn || !im.claim_fn || !im.quiet || im.fenced || im.resolved < 0 || im.reading_last >= 0) return std::nullopt;
+  return im.resolved;
+}
+
 int PgStore::lanes_owned() const { return impl_->owned_count.load(); }
 
 void PgStore::disconnect() {

@@ -3,6 +3,7 @@
 // transaction, and divides the 64 ordering lanes among live instances with advisory locks.
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/health.hpp"
@@ -40,6 +41,7 @@ class PgStore final : public Store {
   std::vector<Event> probe_claim(std::size_t limit, std::span<const Completion> completions) override;
   void complete(std::span<const Completion> completions) override;
   bool waiting_for_writers() const override;
+  std::optional<long long> watch_from() const override;
 
   // Clears the leases this instance still holds (shutdown: peers take those rows at once).
   // Best effort: logs and returns false when the database is unreachable.

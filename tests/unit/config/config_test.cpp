@@ -77,6 +77,7 @@ TEST_CASE("defaults fill everything but the url and sinks") {
   CHECK(c.relay.poll_interval == milliseconds(5));
   CHECK(c.relay.idle_poll_interval == milliseconds(100));
   CHECK(c.relay.light_poll_interval == milliseconds(8));
+  CHECK(c.relay.idle_watch);
   CHECK(c.relay.on_success == OnSuccess::kMark);
   CHECK(c.http.listen == "127.0.0.1:9187");
   CHECK(c.routes.empty());
@@ -89,6 +90,7 @@ TEST_CASE("light_poll_interval left out follows a longer poll_interval and a sho
   CHECK(parse_config("relay: {poll_interval: 1ms, idle_poll_interval: 3ms}\n" + sinks, env).relay.light_poll_interval ==
         milliseconds(3));
   CHECK(parse_config("relay: {light_poll_interval: 5ms}\n" + sinks, env).relay.light_poll_interval == milliseconds(5));
+  CHECK_FALSE(parse_config("relay: {idle_watch: false}\n" + sinks, env).relay.idle_watch);
 }
 
 TEST_CASE("--database-url wins over the file, DATABASE_URL only fills a gap") {
@@ -135,6 +137,7 @@ TEST_CASE("each bad config names its key and what was expected") {
        "relay.light_poll_interval: must not be longer than relay.idle_poll_interval"},
       {url + "relay: {light_poll_interval: 20s}" + sinks,
        "relay.light_poll_interval: expected a duration from 1ms to 10s"},
+      {url + "relay: {idle_watch: sometimes}" + sinks, "relay.idle_watch: expected true or false"},
       {url + "databse: {}" + sinks, "databse: unknown key"},
       {"database: {url: postgresql://x/db, tabel: t}" + sinks, "database.tabel: unknown key"},
       {"database: {url: postgresql://x/db, table: 'Bad-Name'}" + sinks, "database.table: expected a lower-case table name"},

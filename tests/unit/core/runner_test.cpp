@@ -56,11 +56,21 @@ class FakeWaiter final : public Waiter {
   void clear() override {
     while (!rings.empty() && rings.begin()->first <= clock_.t) rings.erase(rings.begin());
   }
+  bool offer_watch(long long after) override {
+    if (!watcher) return false;
+    if (offer != after) offers.emplace_back(clock_.t, after);
+    offer = after;
+    return true;
+  }
+  void withdraw_watch() override { offer.reset(); }
 
   std::multimap<Time, WakeSource> rings;
   Time stop_at = at(60'000);
   std::vector<Clock::SteadyTime::duration> sleeps;  // each backoff sleep
   long calls = 0;
+  bool watcher = false;                          // takes offers of the idle watch
+  std::optional<long long> offer;                // the one in force
+  std::vector<std::pair<Time, long long>> offers;  // each new one, when made
 
  private:
   std::nullopt_t stop() {
@@ -116,6 +126,7 @@ class FakeStore final : public Store {
   }
   void complete(std::span<const Completion> c) override { completed.insert(completed.end(), c.begin(), c.end()); }
   bool waiting_for_writers() const override { return fenced; }
+  std::optional<long long> watch_from() const override { return watch_id; }
 
   std::vector<Event> next_batch() {
     if (batches.empty()) return {};
@@ -129,6 +140,7 @@ class FakeStore final : public Store {
   std::set<std::size_t> gain_at_rebalance;  // 1-based rebalance calls that gain lanes
   std::set<std::size_t> fail_probe_at;      // 1-based polls that lose the session
   bool fenced = false;
+  std::optional<long long> watch_id;  // Store::watch_from
   double per_second = 0;  // > 0: polls find a steady stream of this many events a second
   EventId streamed = 0;
   int connects = 0;
@@ -229,6 +241,65 @@ TEST_CASE("runner: idle polls slow down by half each poll to idle_poll_interval"
   CHECK(gaps[400] == 10);
   CHECK(gaps.back() == 100);
   CHECK(f.store.claims.size() == 1);  // only the catch-up: polls are not drains
+}
+
+TEST_CASE("runner: idle, with a watcher, it offers the watch, polls once a second, and a watch ring drains") {
+  Fixture f;
+  f.waiter.watcher = true;
+  f.store.watch_id = 41;
+  f.waiter.rings.emplace(at(4'321), WakeSource::kWatch);
+  f.waiter.stop_at = at(7'000);
+  f.run();
+  // Offered once polls reached idle_poll_interval (2 s of nothing, then 7, 10, ... 100 ms apart).
+  REQUIRE(!f.waiter.offers.empty());
+  const long long first_offer = ms_of(f.waiter.offers.front().first);
+  CHECK(first_offer > 2'000);
+  CHECK(first_offer < 2'500);
+  for (const auto& [when, after] : f.waiter.offers) CHECK(after == 41);
+  // From then on a poll a second, counted from the last poll or drain.
+  const auto polls = ms_list(f.store.probes);
+  std::vector<long long> later;
+  for (long long t : polls) {
+    if (t > first_offer) later.push_back(t);
+  }
+  const long long last_before = *std::find_if(polls.rbegin(), polls.rend(), [&](long long t) { return t <= first_offer; });
+  CHECK(later == std::vector<long long>{last_before + 1'000, last_before + 2'000, 5'321, 6'321});
+  // The ring: a drain at once.
+  CHECK(ms_list(f.store.claims) == std::vector<long long>{0, 4'321});
+  CHECK(f.metrics.wakeups[WakeSource::kWatch] == 1);
+  CHECK(f.metrics.wakeups[WakeSource::kPoll] == 0);
+}
+
+TEST_CASE("runner: no watch while events flow or the store cannot say from where; polls as before") {
+  SUBCASE("store without a watch point") {
+    Fixture f;
+    f.waiter.watcher = true;
+    f.waiter.stop_at = at(3'000);
+    f.run();
+    CHECK(f.waiter.offers.empty());
+    const auto polls = ms_list(f.store.probes);
+    REQUIRE(polls.size() > 10);
+    CHECK(polls.back() - polls[polls.size() - 2] == 100);
+  }
+  SUBCASE("a steady stream") {
+    Fixture f;
+    f.waiter.watcher = true;
+    f.store.watch_id = 7;
+    f.store.per_second = 200;
+    f.waiter.stop_at = at(3'000);
+    f.run();
+    CHECK(f.waiter.offers.empty());
+    CHECK(f.store.probes.size() == 599);  // every 5 ms
+  }
+  SUBCASE("no watcher (none connected, a notifying trigger, idle_watch off)") {
+    Fixture f;
+    f.store.watch_id = 7;
+    f.waiter.stop_at = at(3'000);
+    f.run();
+    CHECK(f.waiter.offers.empty());
+    const auto polls = ms_list(f.store.probes);
+    CHECK(polls.back() - polls[polls.size() - 2] == 100);
+  }
 }
 
 TEST_CASE("runner: while a claim is fenced by an open writer, polls stay at poll_interval") {
