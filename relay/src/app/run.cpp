@@ -134,8 +134,9 @@ int run_relay(const config::Config& config) {
   });
 
   int exit_code = 0;
+  timespec tick{1, 0};  // only a signal stops the bell today; the tick is a backstop
   while (!bell.stopped()) {
-    const int sig = sigwaitinfo(&stop_signals, nullptr);  // only a signal stops the bell
+    const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
     if (sig == SIGTERM || sig == SIGINT) {
       log::info("stop signal received, finishing the batch in flight",
                 {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
@@ -143,17 +144,21 @@ int run_relay(const config::Config& config) {
       bell.stop();
     }
   }
-  listener.interrupt();  // a watch statement in progress
   const auto deadline = std::chrono::steady_clock::now() + config.relay.shutdown_timeout;
+  listener.interrupt();  // a watch statement in progress
+  // Past the deadline: leave without the threads still waiting (nothing is lost by it).
+  const auto leave_now = [&] {
+    log::info("stopped", {{"exit_code", exit_code}});
+    std::fflush(nullptr);
+    _exit(exit_code);
+  };
   if (loop_done.wait_until(deadline - std::chrono::milliseconds(500)) != std::future_status::ready) {
     // A sink is stuck past the bound: release this instance's leases from a fresh session so a
     // peer takes the rows at once, then leave without waiting for the sink.
     log::warn("batch in flight did not finish within the shutdown timeout; releasing its leases");
     pg::PgStore rescue(store_options);
     rescue.release_leases();
-    log::info("stopped", {{"exit_code", exit_code}});
-    std::fflush(nullptr);
-    _exit(exit_code);
+    leave_now();
   }
   loop_thread.join();
   for (Sink* s : sinks) {
@@ -162,7 +167,11 @@ int run_relay(const config::Config& config) {
   }
   store.release_leases();
   store.disconnect();
-  listener.join();  // the LISTEN thread ends because the bell is stopped
+  // The LISTEN thread ends because the bell is stopped (and its watch, if any, was cancelled).
+  if (!listener.join_until(deadline)) {
+    log::warn("the LISTEN session did not end within the shutdown timeout; leaving without it");
+    leave_now();
+  }
   ops.stop();
   log::info("stopped", {{"exit_code", exit_code}});
   return exit_code;

@@ -138,6 +138,13 @@ void Runner::session() {
       drain_needed = true;
     }
     poll_due = !drain_needed && now >= next_poll;
+    if (poll_due && watched && store_.reading_pending()) {
+      // The watch sees ids drawn after the store's reading of open writers; whether those of the
+      // reading committed or rolled back only a claim finds out (a poll that finds nothing new
+      // returns at once): the safety poll is a claim while it is pending.
+      drain_needed = true;
+      poll_due = false;
+    }
   }
 }
 

@@ -81,6 +81,10 @@ class Store {
   // can wait for the sequence to pass it instead of polling: Waiter::offer_watch). nullopt when
   // that is not known (before the first poll, schema 1, a writer open).
   virtual std::optional<long long> watch_from() const { return std::nullopt; }
+  // A reading of the writers that were open at the last claim (schema/002) is still to be
+  // checked: a claim() checks it, a poll that finds nothing new does not. watch_from() then
+  // gives the reading's last id, above which ids were drawn after it.
+  virtual bool reading_pending() const { return false; }
 };
 
 }  // namespace outbox

@@ -61,10 +61,11 @@ constexpr const char* kWatchSql =
     "   OR pg_sleep($4::float8) IS NULL "
     "LIMIT 1";
 
-// Blocks until the session's socket or the bell's watcher fd is readable.
+// Blocks until the session's socket or the bell's watcher fd is readable (or a while passed: a
+// backstop, the bell's fd is what wakes it).
 void wait_readable(int sock, int bell_fd) {
   pollfd fds[2] = {{sock, POLLIN, 0}, {bell_fd, POLLIN, 0}};
-  if (::poll(fds, 2, -1) < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
+  if (::poll(fds, 2, 10'000) < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
 }
 
 }  // namespace
@@ -84,25 +85,42 @@ Listener::~Listener() { join(); }
 
 void Listener::join() {
   if (thread_.joinable()) thread_.join();
+  if (canceller_.joinable()) canceller_.join();
 }
 
-void Listener::start() { thread_ = std::thread([this] { run(); }); }
+bool Listener::join_until(std::chrono::steady_clock::time_point deadline) {
+  if (thread_.joinable() && ended_future_.wait_until(deadline) != std::future_status::ready) return false;
+  join();
+  return true;
+}
+
+void Listener::start() {
+  thread_ = std::thread([this] {
+    run();
+    ended_.set_value();
+  });
+}
 
 void Listener::interrupt() {
-  std::lock_guard lock(watching_mutex_);
-  if (!watching_) return;
-  try {
-    watching_->cancel_query();  // reads only what the connection was given at connect
-  } catch (const std::exception&) {
-    // The thread ends at its next check of the bell anyway.
-  }
+  if (canceller_.joinable()) return;
+  canceller_ = std::thread([this] {
+    // Held while the cancel goes out: the session cannot be closed under it.
+    std::lock_guard lock(watching_mutex_);
+    if (!watching_) return;
+    try {
+      watching_->cancel_query();  // reads only what the connection was given at connect
+    } catch (const std::exception&) {
+      // The statement ends within a second anyway.
+    }
+  });
 }
 
 void Listener::run() {
   std::mt19937 rng{std::random_device{}()};
   std::uniform_real_distribution<double> jitter(0.0, 1.0);
   const HintContext hints{url_user(url_), {}};
-  const int checks = std::max(1, static_cast<int>(watch_.length / std::max(watch_.check, std::chrono::milliseconds{1})));
+  // At least one sleep per statement, whatever the two durations.
+  const int checks = std::max(2, static_cast<int>(watch_.length / std::max(watch_.check, std::chrono::milliseconds{1})));
   const double check_seconds = std::chrono::duration<double>(watch_.check).count();
   Reconnect reconnect({"listener", "LISTEN session lost, will reconnect", "LISTEN session restored"}, reconnect_,
                       bell_, clock_, metrics_, health_.listener_up, health_.listener_error,
@@ -125,8 +143,11 @@ void Listener::run() {
       }
       std::optional<std::string> sequence;
       std::optional<Clock::SteadyTime> looked_at;
-      while (!bell_.stopped()) {
-        bell_.drain_watcher_fd();  // before the offer is read: a later offer makes it readable again
+      for (;;) {
+        // Drained before the bell and the offer are read: a stop or an offer made after this makes
+        // it readable again, so the wait below cannot miss either.
+        bell_.drain_watcher_fd();
+        if (bell_.stopped()) break;
         if (watch_.enabled && (!looked_at || clock_.now() - *looked_at >= kLookAgain)) {
           const Watchable w = look_at_table(*conn, watch_.table);
           if (!w.sequence && (sequence || !looked_at)) {  // said once, and again after a change
@@ -138,6 +159,7 @@ void Listener::run() {
         }
         const auto after = sequence ? bell_.watch_offer() : std::nullopt;
         if (!after) {
+          conn->get_notifs();  // any that libpq read with the last statement
           wait_readable(conn->sock(), bell_.watcher_fd());
           conn->get_notifs();
           continue;

@@ -11,6 +11,7 @@
 // within a millisecond) or the role cannot read the sequence.
 // Reconnects through core/reconnect.hpp, like the work session.
 #include <chrono>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,10 +46,14 @@ class Listener {
   Listener& operator=(const Listener&) = delete;
 
   void start();
-  // After the bell is stopped: cancels a watch statement in progress, so the thread ends now.
+  // After the bell is stopped: cancels a watch statement in progress (from a thread of its own, as
+  // a cancel request opens a connection), so the thread ends now rather than with the statement.
   void interrupt();
   // Waits for the thread, which ends once the bell is stopped.
   void join();
+  // Waits for the thread until deadline; false if it has not ended (a session that does not
+  // answer): the caller may leave without it.
+  bool join_until(std::chrono::steady_clock::time_point deadline);
 
  private:
   void run();
@@ -62,6 +67,9 @@ class Listener {
   const Clock& clock_;
   WatchOptions watch_;
   std::thread thread_;
+  std::promise<void> ended_;
+  std::future<void> ended_future_ = ended_.get_future();
+  std::thread canceller_;
   std::mutex watching_mutex_;
   pqxx::connection_base* watching_ = nullptr;  // the session while a watch statement runs
 };

@@ -297,11 +297,15 @@ bool PgStore::waiting_for_writers() const { return impl_->fenced; }
 std::optional<long long> PgStore::watch_from() const {
   const auto& im = *impl_;
   // The state in which a poll asks "anything new above resolved?" first: the last call of the
-  // claim function was a poll that found nothing, with no writer open and no reading pending, so
-  // its bound (resolved) was the last id drawn then.
-  if (!im.conn || !im.claim_fn || !im.quiet || im.fenced || im.resolved < 0 || im.reading_last >= 0) return std::nullopt;
-  return im.resolved;
+  // claim function was a poll that found nothing and was not held back by a writer, so every id
+  // up to resolved is claimed or gone, and every id above it but up to a pending reading's last
+  // id was drawn before that reading (reading_pending: a claim checks those).
+  if (!im.conn || !im.claim_fn || !im.quiet || im.fenced || im.resolved < 0) return std::nullopt;
+  if (im.owned.empty()) return std::nullopt;  // its drains claim nothing: the watch would fire again and again
+  return std::max(im.resolved, im.reading_last);
 }
+
+bool PgStore::reading_pending() const { return impl_->claim_fn && impl_->reading_last >= 0; }
 
 int PgStore::lanes_owned() const { return impl_->owned_count.load(); }
 

@@ -42,6 +42,7 @@ class PgStore final : public Store {
   void complete(std::span<const Completion> completions) override;
   bool waiting_for_writers() const override;
   std::optional<long long> watch_from() const override;
+  bool reading_pending() const override;
 
   // Clears the leases this instance still holds (shutdown: peers take those rows at once).
   // Best effort: logs and returns false when the database is unreachable.

@@ -40,6 +40,13 @@ class FakeWaiter final : public Waiter {
     if (!rings.empty() && rings.begin()->first <= clock_.t) {
       const auto source = rings.begin()->second;
       rings.erase(rings.begin());
+      if (source == WakeSource::kWatch) {  // as Bell::ring_watch: only for an offer in force, which it ends
+        if (!offer) {
+          ++stale_watch_rings;
+          return std::nullopt;
+        }
+        offer.reset();
+      }
       return source;
     }
     return std::nullopt;
@@ -71,6 +78,7 @@ class FakeWaiter final : public Waiter {
   bool watcher = false;                          // takes offers of the idle watch
   std::optional<long long> offer;                // the one in force
   std::vector<std::pair<Time, long long>> offers;  // each new one, when made
+  int stale_watch_rings = 0;                       // kWatch rings dropped: no offer in force
 
  private:
   std::nullopt_t stop() {
@@ -122,11 +130,16 @@ class FakeStore final : public Store {
       for (; streamed < arrived; ++streamed) batch.push_back(event(streamed + 1));
       return batch;
     }
+    if (event_at && clock_.t >= *event_at) {
+      event_at.reset();
+      return {event(99)};
+    }
     return next_batch();
   }
   void complete(std::span<const Completion> c) override { completed.insert(completed.end(), c.begin(), c.end()); }
   bool waiting_for_writers() const override { return fenced; }
   std::optional<long long> watch_from() const override { return watch_id; }
+  bool reading_pending() const override { return reading; }
 
   std::vector<Event> next_batch() {
     if (batches.empty()) return {};
@@ -141,6 +154,8 @@ class FakeStore final : public Store {
   std::set<std::size_t> fail_probe_at;      // 1-based polls that lose the session
   bool fenced = false;
   std::optional<long long> watch_id;  // Store::watch_from
+  std::optional<Time> event_at;       // the first poll from then on finds one event
+  bool reading = false;               // Store::reading_pending
   double per_second = 0;  // > 0: polls find a steady stream of this many events a second
   EventId streamed = 0;
   int connects = 0;
@@ -270,6 +285,23 @@ TEST_CASE("runner: idle, with a watcher, it offers the watch, polls once a secon
   CHECK(f.metrics.wakeups[WakeSource::kPoll] == 0);
 }
 
+TEST_CASE("runner: watched, with a reading of open writers pending, the safety poll is a claim") {
+  Fixture f;
+  f.waiter.watcher = true;
+  f.store.watch_id = 41;
+  f.store.reading = true;
+  f.waiter.stop_at = at(6'000);
+  f.run();
+  REQUIRE(!f.waiter.offers.empty());
+  const long long first_offer = ms_of(f.waiter.offers.front().first);
+  const auto claims = ms_list(f.store.claims);
+  REQUIRE(claims.size() >= 4);
+  CHECK(claims[0] == 0);
+  CHECK(claims[1] > first_offer);
+  for (std::size_t i = 2; i < claims.size(); ++i) CHECK(claims[i] - claims[i - 1] == 1'000);
+  CHECK(ms_of(f.store.probes.back()) <= first_offer);  // no polls once watched
+}
+
 TEST_CASE("runner: no watch while events flow or the store cannot say from where; polls as before") {
   SUBCASE("store without a watch point") {
     Fixture f;
@@ -286,10 +318,27 @@ TEST_CASE("runner: no watch while events flow or the store cannot say from where
     f.waiter.watcher = true;
     f.store.watch_id = 7;
     f.store.per_second = 200;
+    f.waiter.rings.emplace(at(1'000), WakeSource::kWatch);  // a watch from before, seeing an id late
     f.waiter.stop_at = at(3'000);
     f.run();
     CHECK(f.waiter.offers.empty());
+    CHECK(f.waiter.stale_watch_rings == 1);
+    CHECK(f.store.claims.size() == 1);  // the catch-up only
     CHECK(f.store.probes.size() == 599);  // every 5 ms
+  }
+  SUBCASE("events flow again: the offer is withdrawn") {
+    Fixture f;
+    f.waiter.watcher = true;
+    f.store.watch_id = 7;
+    f.store.event_at = at(4'000);  // found by the safety poll after it
+    f.waiter.stop_at = at(5'000);
+    f.run();
+    REQUIRE(f.waiter.offers.size() == 1);
+    CHECK_FALSE(f.waiter.offer.has_value());
+    const auto polls = ms_list(f.store.probes);
+    const auto found = std::find_if(polls.begin(), polls.end(), [](long long t) { return t >= 4'000; });
+    REQUIRE(polls.end() - found > 10);
+    CHECK(*(found + 1) - *found == 5);  // polled every 5 ms again
   }
   SUBCASE("no watcher (none connected, a notifying trigger, idle_watch off)") {
     Fixture f;
