@@ -149,7 +149,14 @@ void Listener::run() {
         bell_.drain_watcher_fd();
         if (bell_.stopped()) break;
         if (watch_.enabled && (!looked_at || clock_.now() - *looked_at >= kLookAgain)) {
-          const Watchable w = look_at_table(*conn, watch_.table);
+          Watchable w;
+          try {
+            w = look_at_table(*conn, watch_.table);
+          } catch (const pqxx::broken_connection&) {
+            throw;
+          } catch (const pqxx::sql_error& e) {  // listen only: the session itself is fine
+            w.why_not = describe_error(e);
+          }
           if (!w.sequence && (sequence || !looked_at)) {  // said once, and again after a change
             log::debug("no idle watch on this LISTEN session; the relay polls", {{"reason", w.why_not}});
           }
