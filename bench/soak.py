@@ -2,7 +2,9 @@
 """Scale over time (issue 11), on a cluster that bench/soak.sh started: does the relay's cost stay
 flat as the backlog, the table's history and the hours grow? outbox_events is migrated by the
 binary under test; the relay drains to a file sink (fsync, batch_size 500) with its HTTP listener
-on a free local port (/readyz, /metrics), DATABASE_URL in its environment.
+on a free local port (/readyz, /metrics), DATABASE_URL in its environment. The cluster gets
+max_wal_size 8GB and the settings of --pg-settings (RECOMMENDED_PG_SETTINGS below; 'none': PostgreSQL's
+defaults), and logs every autovacuum run.
 
 1. Backlog size: N (200,000) and 10 N (2,000,000) pending events, seeded in one INSERT (the
    payload of bench/run.sh, about 100 bytes of JSON; one key per 20 events in both), VACUUM
@@ -21,7 +23,8 @@ on a free local port (/readyz, /metrics), DATABASE_URL in its environment.
    and autoanalyze runs, commit-to-sink p50/p99/max of the lines that reached the sink in the
    window (the line's arrival time minus the row's created_at, as in bench/steady.py), relay CPU
    and Postgres CPU (the whole cluster: writers' backends, the relay's sessions, autovacuum,
-   checkpointer) per event. Targets: after minute 10 the table + TOAST + indexes stay within
+   checkpointer) per event, the p99 of the relay's claim and publish calls (its histograms), the
+   largest dirty page cache (/proc/meminfo). Targets: after minute 10 the table + TOAST + indexes stay within
    +-25 % of the minute-10 size; every window's p99 <= 20 ms; CPU per event (relay + Postgres) in
    the last 10 minutes <= 1.2 x the first 10 minutes. Every id up to the last one written reaches
    the sink exactly once. Plot: bench/soak-<mode>.png (size, dead tuples, latency per window).
@@ -43,6 +46,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +54,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pgcost as pc  # noqa: E402
 
 TAG = "soak"
+# Server settings the README recommends for high steady rates, on by default in the soak's cluster
+# (bench/RESULTS.md, "Scale over time"): backends and autovacuum start the kernel's write-back of
+# what they write every 256kB, instead of letting the page cache gather hundreds of MiB that the
+# kernel then writes at once, stalling the WAL flushes of writers' commits (and with them every
+# event above the stalled writer's id). wal_compression=lz4 was tried for the burst of full-page
+# images after each checkpoint starts and made no difference here.
+RECOMMENDED_PG_SETTINGS = "backend_flush_after=256kB"
 SAMPLE_SECONDS = 30.0
 
 
@@ -151,6 +162,46 @@ def histogram(m: dict, name: str) -> list:
 def histogram_delta(before: dict, after: dict, name: str) -> list:
     b = dict(histogram(before, name))
     return [(le, c - b.get(le, 0.0)) for le, c in histogram(after, name)]
+
+
+class DirtySampler(threading.Thread):
+    """The kernel's dirty page cache (/proc/meminfo Dirty, kB) twice a second; take() gives the
+    largest since the previous take (MiB): a write-back burst delays the WAL flushes of writers'
+    commits on the same disk."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        self._max = 0
+
+    def run(self):
+        while not self._halt.wait(0.5):
+            try:
+                kb = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("Dirty:"))
+            except (OSError, StopIteration, ValueError):
+                continue
+            with self._lock:
+                self._max = max(self._max, kb)
+
+    def take(self) -> float:
+        with self._lock:
+            v, self._max = self._max, 0
+        return round(v / 1024, 1)
+
+    def stop(self):
+        self._halt.set()
+
+
+def stage_p99s(before: dict, after: dict) -> dict:
+    """Where a window's tail is: p99 (ms) of the relay's claim statements (which also write the
+    previous batches' outcomes) and of its sink's publish calls (the file sink's write + fdatasync),
+    from the relay's histograms between two scrapes."""
+    out = {}
+    for stage in ("claim", "publish"):
+        q = quantile_from_buckets(histogram_delta(before, after, f"outbox_relay_{stage}_duration_seconds"), 0.99)
+        out[f"{stage}_p99_ms"] = None if q is None else round(1000 * q, 2)
+    return out
 
 
 class Soak:
@@ -338,6 +389,9 @@ class Soak:
         t0 = time.monotonic()
         wall0 = time.time()
         snap = pc.Snapshot(self.db.postmaster, relay.pid)
+        m_prev = relay.metrics()
+        dirty = DirtySampler()
+        dirty.start()
         tailer.take()
         windows = []
         log(f"soak ({mode}{', retention ' + a.retention if mode == 'mark' else ''}) at {a.soak_rate:,}/s "
@@ -354,6 +408,7 @@ class Soak:
                 s = pc.Snapshot(self.db.postmaster, relay.pid)
                 count, lat = tailer.take()
                 cpu = pc.window(snap, s)
+                m = relay.metrics()
                 events = count - (windows[-1]["lines_total"] if windows else 0)
                 lat.sort()
                 w = {"t_s": round(s.t - t0, 1), "lines_total": count, "events": events,
@@ -362,17 +417,21 @@ class Soak:
                      "foreign_cores": cpu["foreign_cores"],
                      "relay_us": round(1e6 * cpu["relay_cpu_seconds"] / events, 1) if events else None,
                      "postgres_us": round(1e6 * cpu["postgres_cpu_seconds"] / events, 1) if events else None,
-                     "sizes": self.sizes(), **self.stats()}
+                     "sizes": self.sizes(), **self.stats(), **stage_p99s(m_prev, m),
+                     "dirty_max_mib": dirty.take()}
                 windows.append(w)
-                snap = s
+                snap, m_prev = s, m
                 k += 1
                 log(f"  {w['t_s'] / 60:5.1f} min: {events / SAMPLE_SECONDS:7,.0f}/s, p50 {pc.fmt(w['p50_ms'], 2)} "
                     f"p99 {pc.fmt(w['p99_ms'], 2)} max {pc.fmt(w['max_ms'], 1)} ms, size {w['sizes']['total'] / 2**20:7.1f} MiB, "
                     f"dead {w['n_dead_tup']:,}, autovacuum {w['autovacuum_count']}, checkpoints {w['checkpoints']}, "
-                    f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}")
+                    f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}; "
+                    f"p99 claim {pc.fmt(w['claim_p99_ms'], 1)} publish {pc.fmt(w['publish_p99_ms'], 1)} ms, "
+                    f"dirty <= {w['dirty_max_mib']:.0f} MiB")
             out, err = writers.communicate(timeout=120)
             wr = pc.parse_pgbench(writers.returncode, out, err)
         finally:
+            dirty.stop()
             if writers.poll() is None:
                 writers.terminate()
                 writers.wait()
@@ -614,6 +673,10 @@ def main():
                     help="the cluster's max_wal_size [8GB]: at the soak's write rates PostgreSQL's default (1GB) "
                          "makes a checkpoint every ~30 s and logs 'checkpoints are occurring too frequently'; "
                          "'default' keeps it")
+    ap.add_argument("--pg-settings", default=RECOMMENDED_PG_SETTINGS, metavar="NAME=VALUE,...",
+                    help=f"server settings for the soak's cluster (ALTER SYSTEM SET), recorded in the JSON "
+                         f"[{RECOMMENDED_PG_SETTINGS}: the README's advice for high steady rates; 'none' keeps "
+                         f"PostgreSQL's defaults]")
     a = ap.parse_args()
     pc.terminate_on_signals()
     points = {int(x) for x in a.points.split(",") if x.strip()}
@@ -625,9 +688,21 @@ def main():
     if a.max_wal_size != "default":
         s.db.psql(f"ALTER SYSTEM SET max_wal_size = '{a.max_wal_size}'", "SELECT pg_reload_conf()")
         time.sleep(0.5)
+    # Each autovacuum run in the server's log, with its duration and what it did (the tail's
+    # windows are compared with them).
+    chosen = [] if a.pg_settings == "none" else [x.strip() for x in a.pg_settings.split(",") if x.strip()]
+    settings = ["log_autovacuum_min_duration=0"] + chosen
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        if not re.fullmatch(r"[a-z_]+", name) or not value:
+            ap.error(f"--pg-settings: expected NAME=VALUE, got {setting!r}")
+        s.db.psql(f"ALTER SYSTEM SET {name} = '{value}'")
+    s.db.psql("SELECT pg_reload_conf()")
+    time.sleep(0.5)
     doc = {"meta": pc.base_meta(s.db), "binary": binary, "config": {k: v for k, v in vars(a).items() if k != "url"}}
     doc["meta"]["schema_versions"] = s.db.schema_versions()
     doc["meta"]["max_wal_size"] = s.db.psql("SHOW max_wal_size")
+    doc["meta"]["pg_settings"] = {n.partition("=")[0]: s.db.psql(f"SHOW {n.partition('=')[0]}") for n in settings}
     doc["meta"]["checkpoint_timeout"] = s.db.psql("SHOW checkpoint_timeout")
     if 1 in points or (not a.soak_rate and points & {3, 4}):
         doc["backlog"] = s.backlog()

@@ -5,7 +5,9 @@
 #                                        --soak-rate 8000 (default: 40 % of the relay's drain rate
 #                                        here: the lower of the quiet drain and the drain beside
 #                                        unpaced writers),
-#                                        --relay-bin DIR/outbox-relay; bench/soak.sh --help
+#                                        --relay-bin DIR/outbox-relay, --pg-settings none (PostgreSQL's
+#                                        defaults instead of the README's advice for high rates);
+#                                        bench/soak.sh --help
 # Builds outbox-relay (Release, in build-bench/ or $BENCH_BUILD_DIR) unless --relay-bin is given,
 # installs python3-matplotlib for the plots (Debian package; as root) if it is missing, then runs
 # bench/soak.py (method in its docstring) through bench/cost-run.sh: prints the table of points

@@ -432,22 +432,31 @@ def test_4_retention_deletes_only_old_processed_rows_in_batches(db, relays, work
     config = ops_config(db, file_sink(workdir / "out.jsonl"), port, retention="168h", retention_interval="1s")
     relay = relays(config)
     line = relay.wait_log("retention deleted processed events", timeout=60)
-    assert (line["deleted"], line["batches"], line["batch_size"], line["older_than"]) == (12_000, 3, 5000, "7d")
+    assert (line["deleted"], line["batches"], line["passes"], line["batch_size"], line["older_than"]) == (
+        12_000, 12, 1, 1000, "7d")
     assert set(r[0] for r in db.query("SELECT id FROM outbox_events")) == keep
-    assert [r[0] for r in db.query("SELECT n FROM delete_statements WHERE n > 0 ORDER BY at")] == [5000, 5000, 2000]
+    assert [r[0] for r in db.query("SELECT n FROM delete_statements WHERE n > 0 ORDER BY at")] == [1000] * 12
+    # Paced: a pause after each batch, 4 times as long as the batch took.
+    at = [r[0] for r in db.query("SELECT at FROM delete_statements WHERE n > 0 ORDER BY at")]
+    assert (at[-1] - at[0]).total_seconds() > 0.01 * 11
     assert wait_until(lambda: scrape(port).value("outbox_relay_retention_deleted_total") == 12_000,
                       message="retention counter")
     assert not set(old) & set(r[0] for r in db.query("SELECT id FROM outbox_events"))
 
-    # The timer runs again: rows that age past the bound go at the next pass; dead letters and
-    # pending rows never do.
-    db.query("UPDATE outbox_events SET processed_at = now() - interval '169 hours' WHERE id = ANY(%s) RETURNING id",
-             (recent[:4],))
-    wait_until(lambda: scrape(port).value("outbox_relay_retention_deleted_total") == 12_004,
-               message="4 more deleted at the next pass")
-    assert set(r[0] for r in db.query("SELECT id FROM outbox_events")) == keep - set(recent[:4])
-    time.sleep(2.5)  # two more passes: nothing else goes
-    assert set(r[0] for r in db.query("SELECT id FROM outbox_events")) == keep - set(recent[:4])
+    # The timer runs again: rows that age past the bound go at the pass after they do (a pass that
+    # found nothing waits for the oldest processed row to age, here 3 s); dead letters and pending
+    # rows never go.
+    soon = [r[0] for r in db.query(
+        "INSERT INTO outbox_events (topic, aggregate_id, payload, processed_at) SELECT 'soon', 'k', '{}', "
+        "now() - interval '168 hours' + interval '3 seconds' FROM generate_series(1, 4) RETURNING id")]
+    inserted = time.monotonic()
+    wait_until(lambda: scrape(port).value("outbox_relay_retention_deleted_total") == 12_004, timeout=15,
+               message="4 more deleted once they aged past the bound")
+    assert time.monotonic() - inserted > 2.0, "deleted before they were 7 days old"
+    assert set(r[0] for r in db.query("SELECT id FROM outbox_events")) == keep
+    time.sleep(2.5)  # more passes: nothing else goes
+    assert set(r[0] for r in db.query("SELECT id FROM outbox_events")) == keep
+    assert not set(soon) & set(r[0] for r in db.query("SELECT id FROM outbox_events"))
     assert scrape(port).value("outbox_relay_retention_deleted_total") == 12_004
     assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 5
     assert relay.stop() == 0

@@ -182,6 +182,13 @@ def test_migrate_under_load_keeps_writers_committing_and_delivers_every_event_on
         else:  # nothing newer in this checkout: the upgrade is a no-op (not the case this test is for)
             assert "up to date" in migrated.stdout, migrated.stdout
         assert schema_versions(db) == list(range(1, NEWEST + 1))
+        # Schema 4: the queue table's vacuum settings, on the table and its TOAST table.
+        table_options, toast_options = db.query(
+            "SELECT c.reloptions, t.reloptions FROM pg_class c JOIN pg_class t ON t.oid = c.reltoastrelid "
+            "WHERE c.oid = %s::regclass", (TABLE,))[0]
+        assert {"vacuum_truncate=false", "autovacuum_vacuum_scale_factor=0",
+                "autovacuum_vacuum_threshold=10000"} <= set(table_options), table_options
+        assert "vacuum_truncate=false" in toast_options, toast_options
         again = db.migrate()
         assert again.returncode == 0 and f"schema is up to date (version {NEWEST})" in again.stdout, again.stdout
         assert schema_versions(db) == list(range(1, NEWEST + 1))

@@ -88,14 +88,6 @@ RelaySection parse_relay(Section& s) {
                         *retention + "'");
     }
   }
-  // Unset: a quarter of the retention, at most 5 minutes. A pass deletes what aged past the
-  // retention since the last one: with retention 2m and passes every 5 minutes, the table held up
-  // to 7 minutes of events and each pass deleted 5 minutes of them at once (at 16,600 events/s, 4
-  // million dead rows within 30 s for autovacuum, and the WAL burst of it; bench/soak.sh).
-  if (c.retention) {
-    const std::chrono::milliseconds quarter = std::max<std::chrono::milliseconds>(*c.retention / 4, std::chrono::seconds{1});
-    c.retention_interval = std::min(c.retention_interval, quarter);
-  }
   c.retention_interval = s.duration_or("retention_interval", c.retention_interval);
   if (c.retention_interval < std::chrono::seconds{1}) {
     throw ConfigError(s.key_path("retention_interval") + ": must be at least 1s, got " + format_duration(c.retention_interval));

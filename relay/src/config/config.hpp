@@ -45,7 +45,10 @@ struct RelaySection {
   // Processed rows older than this are deleted in small batches; nullopt (absent or "off"): kept
   // forever. Dead-lettered rows are never deleted by retention.
   std::optional<std::chrono::milliseconds> retention;
-  std::chrono::milliseconds retention_interval{300'000};  // how often a retention pass runs
+  // How often a retention pass runs (one that found nothing waits longer: app/ops.cpp). A pass a
+  // second deletes about a second of events, paced; passes minutes apart deleted minutes of events
+  // at once, and writers' commits waited behind the WAL of it (bench/soak.sh).
+  std::chrono::milliseconds retention_interval{1'000};
 };
 
 struct HttpConfig {

@@ -259,8 +259,19 @@ struct RetentionSweeper::Impl {
   std::string url;
   std::string table;
   std::string sql;
-  std::size_t batch = kAdminBatch;
+  std::string due_sql;
+  std::size_t batch = kRetentionBatch;
+  std::string resume = "-infinity";  // the newest processed_at the pass deleted so far
   std::unique_ptr<pqxx::connection> conn;
+
+  pqxx::connection& session() {
+    if (!conn) {
+      background_session(conn, url, "retention");
+      pqxx::nontransaction tx(*conn);
+      tx.exec0("SET synchronous_commit = off");
+    }
+    return *conn;
+  }
 };
 
 RetentionSweeper::RetentionSweeper(std::string url, std::string table, std::size_t batch)
@@ -268,28 +279,49 @@ RetentionSweeper::RetentionSweeper(std::string url, std::string table, std::size
   impl_->url = std::move(url);
   impl_->table = table;
   impl_->batch = batch;
-  // The inner SELECT walks the processed_at index from the oldest row; SKIP LOCKED passes over
-  // rows an operator command holds. dead_lettered_at IS NULL is implied (dead letters are never
-  // processed) and stated anyway: retention must never delete a dead letter.
-  impl_->sql = "DELETE FROM " + table + " WHERE id = ANY(ARRAY("
+  // The inner SELECT walks the processed_at index from the previous batch's newest row (>=: rows
+  // marked by one statement share a processed_at); SKIP LOCKED passes over rows an operator
+  // command holds (the next pass, which starts from the oldest, takes them). dead_lettered_at IS
+  // NULL is implied (dead letters are never processed) and stated anyway: retention must never
+  // delete a dead letter.
+  impl_->sql = "WITH d AS (DELETE FROM " + table + " WHERE id = ANY(ARRAY("
                "  SELECT id FROM " + table + " WHERE processed_at < now() - $1 * interval '1 millisecond' "
-               "    AND dead_lettered_at IS NULL "
-               "  ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED))";
+               "    AND processed_at >= $3::timestamptz AND dead_lettered_at IS NULL "
+               "  ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)) RETURNING processed_at) "
+               "SELECT count(*), max(processed_at)::text FROM d";
+  impl_->due_sql = "SELECT greatest(0, ceil(1000 * extract(epoch FROM processed_at + $1 * interval '1 millisecond' - "
+                   "now())))::bigint FROM " + table + " WHERE processed_at IS NOT NULL AND dead_lettered_at IS NULL "
+                   "ORDER BY processed_at LIMIT 1";
 }
 
 RetentionSweeper::~RetentionSweeper() = default;
 
 std::size_t RetentionSweeper::batch_size() const { return impl_->batch; }
 
+void RetentionSweeper::begin_pass() { impl_->resume = "-infinity"; }
+
 std::size_t RetentionSweeper::delete_batch(std::chrono::milliseconds older_than) {
   auto& im = *impl_;
   try {
-    background_session(im.conn, im.url, "retention");
-    pqxx::work tx(*im.conn);
-    const auto result = tx.exec_params(im.sql, static_cast<long long>(older_than.count()),
-                                       static_cast<long long>(im.batch));
+    pqxx::work tx(im.session());
+    const auto row = tx.exec_params1(im.sql, static_cast<long long>(older_than.count()),
+                                     static_cast<long long>(im.batch), im.resume);
     tx.commit();
-    return static_cast<std::size_t>(result.affected_rows());
+    if (!row[1].is_null()) im.resume = row[1].as<std::string>();
+    return row[0].as<std::size_t>();
+  } catch (const std::exception& e) {
+    im.conn.reset();
+    fail_quietly("retention", e, im.url, im.table);
+  }
+}
+
+std::optional<std::chrono::milliseconds> RetentionSweeper::next_due(std::chrono::milliseconds older_than) {
+  auto& im = *impl_;
+  try {
+    pqxx::nontransaction tx(im.session());
+    const auto rows = tx.exec_params(im.due_sql, static_cast<long long>(older_than.count()));
+    if (rows.empty()) return std::nullopt;
+    return std::chrono::milliseconds{rows[0][0].as<long long>()};
   } catch (const std::exception& e) {
     im.conn.reset();
     fail_quietly("retention", e, im.url, im.table);

@@ -127,19 +127,29 @@ class BacklogProbe {
   std::unique_ptr<Impl> impl_;
 };
 
-// relay.retention: deletes processed rows older than the bound, kAdminBatch ids per short
-// transaction, skipping rows another session has locked. Dead-lettered and pending rows are
-// never deleted. Dedicated session, one thread at a time.
+// relay.retention: deletes processed rows older than the bound, kRetentionBatch ids per short
+// transaction (commits not waiting for the WAL flush: a delete lost in a crash of Postgres is done
+// again by the next pass), skipping rows another session has locked. Dead-lettered and pending
+// rows are never deleted. A pass walks the processed_at index from where its previous batch ended
+// (the entries of rows it deleted stay in the index until vacuum). Dedicated session, one thread
+// at a time.
+inline constexpr std::size_t kRetentionBatch = 1000;
+
 class RetentionSweeper {
  public:
-  RetentionSweeper(std::string url, std::string table, std::size_t batch = kAdminBatch);
+  RetentionSweeper(std::string url, std::string table, std::size_t batch = kRetentionBatch);
   ~RetentionSweeper();
   RetentionSweeper(const RetentionSweeper&) = delete;
   RetentionSweeper& operator=(const RetentionSweeper&) = delete;
 
+  // A new pass: the next batch starts from the oldest processed row.
+  void begin_pass();
   // Deletes one batch; returns the rows deleted (less than the batch size: nothing more is due).
   // Throws DbError; the session is dropped and reopened next time.
   std::size_t delete_batch(std::chrono::milliseconds older_than);
+  // How long until the oldest processed row is older than the bound (zero if it already is);
+  // nullopt when no processed row is kept. Throws DbError.
+  std::optional<std::chrono::milliseconds> next_due(std::chrono::milliseconds older_than);
   std::size_t batch_size() const;
 
  private:

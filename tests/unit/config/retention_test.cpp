@@ -31,7 +31,7 @@ std::string error_of(const std::string& yaml) {
 TEST_CASE("relay.retention is off unless set") {
   const auto c = parse("");
   CHECK_FALSE(c.relay.retention.has_value());
-  CHECK(c.relay.retention_interval == 5min);
+  CHECK(c.relay.retention_interval == 1s);
   CHECK(config::describe(c)["relay"]["retention"] == "off");
   CHECK_FALSE(parse("relay: {retention: off}").relay.retention.has_value());
   CHECK_FALSE(parse("relay: {retention: ~}").relay.retention.has_value());
@@ -48,10 +48,9 @@ TEST_CASE("relay.retention takes a duration") {
   CHECK(config::describe(c)["relay"]["retention_interval"] == "30s");
 }
 
-TEST_CASE("relay.retention_interval defaults to a quarter of the retention, at most 5m") {
-  CHECK(parse("relay: {retention: 2m}").relay.retention_interval == 30s);
-  CHECK(parse("relay: {retention: 20m}").relay.retention_interval == 5min);
-  CHECK(parse("relay: {retention: 168h}").relay.retention_interval == 5min);
+TEST_CASE("relay.retention_interval defaults to a pass a second, whatever the retention") {
+  CHECK(parse("relay: {retention: 2m}").relay.retention_interval == 1s);
+  CHECK(parse("relay: {retention: 168h}").relay.retention_interval == 1s);
   CHECK(parse("relay: {retention: 2s}").relay.retention_interval == 1s);
   CHECK(parse("relay: {retention: 2m, retention_interval: 10m}").relay.retention_interval == 10min);
 }
