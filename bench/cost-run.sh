@@ -21,6 +21,10 @@ work=$(mktemp -d "/tmp/outbox-$name.XXXXXX")
 chmod 755 "$work"
 cleanup() {
   "$root/scripts/pg-cluster.sh" stop "$work/pg" || true
+  # The server's log (autovacuum runs, checkpoints) outlives the scratch directory.
+  if [ -s "$work/pg/server.log" ]; then
+    mkdir -p "$root/bench/out" && cp "$work/pg/server.log" "$root/bench/out/$name-server-$(date -u +%Y%m%d-%H%M%S).log" || true
+  fi
   rm -rf "$work"
 }
 child=

@@ -587,7 +587,9 @@ def plot(doc, out_dir: Path):
 
 
 def print_report(doc, a):
-    out = [f"## bench/soak.sh: {doc['meta'].get('started_at', '')}", ""]
+    out = [f"## bench/soak.sh: {doc['meta'].get('started_at', '')}", "",
+           "cluster: " + ", ".join(f"{k} {v}" for k, v in {"max_wal_size": doc["meta"].get("max_wal_size"),
+                                                            **doc["meta"].get("pg_settings", {})}.items()), ""]
     rows = []
     if "backlog" in doc:
         s, l = doc["backlog"]["small"], doc["backlog"]["large"]
