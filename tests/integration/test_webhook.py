@@ -252,6 +252,11 @@ def test_6_tls_self_signed_refused_without_ca_file_accepted_with_it(db, relays, 
     assert rx.snapshot() == [] and rx.tls_failures >= 1
     assert untrusting.stop() == 0
 
+    # The retry the stopped relay scheduled becomes due first, so that the next relay's first claim
+    # finds it: a retry scheduled by another instance that comes due while a relay is idle is
+    # found by that relay's sweep only (sweep_interval, 30 s here), which is not what this test is about.
+    wait_until(lambda: db.scalar("SELECT next_attempt_at <= now() FROM outbox_events WHERE id = %s", (event_id,)),
+               timeout=10, message="the retry due")
     trusting = relays(base_config(db, [webhook_sink(rx.url, timeout="2s", tls={"ca_file": str(cert)})]))
     wait_until(lambda: pending(db) == 0, timeout=20, message="delivered over verified TLS")
     assert rx.acked_ids() == {event_id}
