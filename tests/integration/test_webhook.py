@@ -252,15 +252,46 @@ def test_6_tls_self_signed_refused_without_ca_file_accepted_with_it(db, relays, 
     assert rx.snapshot() == [] and rx.tls_failures >= 1
     assert untrusting.stop() == 0
 
-    # The retry the stopped relay scheduled becomes due first, so that the next relay's first claim
-    # finds it: a retry scheduled by another instance that comes due while a relay is idle is
-    # found by that relay's sweep only (sweep_interval, 30 s here), which is not what this test is about.
-    wait_until(lambda: db.scalar("SELECT next_attempt_at <= now() FROM outbox_events WHERE id = %s", (event_id,)),
-               timeout=10, message="the retry due")
     trusting = relays(base_config(db, [webhook_sink(rx.url, timeout="2s", tls={"ca_file": str(cert)})]))
     wait_until(lambda: pending(db) == 0, timeout=20, message="delivered over verified TLS")
     assert rx.acked_ids() == {event_id}
     assert trusting.alive()
+
+
+def test_7_a_retry_left_by_a_stopped_instance_goes_out_when_due_not_at_the_sweep(db, relays, receivers):
+    """Relay A's attempt fails and it schedules the retry 10 s later (Retry-After); relay B,
+    started beside it, owns half of the lanes; A stops and B gains the rest. Polls look only
+    above what claims covered, so B must find the retry itself: it goes out about when due, long
+    before B's sweep (60 s), in its key's order."""
+    first = threading.Event()
+
+    def behaviour(req):
+        if not first.is_set():
+            first.set()
+            return Reply(503, b"maintenance", {"Retry-After": "10"})
+        return Reply(200)
+
+    rx = receivers(behaviour)
+    cfg = base_config(db, [webhook_sink(rx.url, timeout="2s")], sweep_interval="60s",
+                      backoff={"initial": "100ms", "max": "30s"})  # a cap above the Retry-After
+    a = relays(cfg, name="a")
+    retried, later = db.insert([("t", "k", {"n": 1}), ("t", "k", {"n": 2})])
+    wait_until(lambda: db.scalar("SELECT attempts FROM outbox_events WHERE id = %s", (retried,)) == 1,
+               timeout=20, message="the failed attempt")
+    b = relays(cfg, name="b")
+    b.wait_log("ordering lanes rebalanced")
+    assert a.stop() == 0
+    due = db.scalar("SELECT extract(epoch FROM next_attempt_at - now()) FROM outbox_events WHERE id = %s",
+                    (retried,))
+    t_due = time.monotonic() + float(due)
+    assert float(due) > 2.0, "the retry was due before A stopped: this test would not tell"
+    wait_until(lambda: pending(db) == 0, timeout=20, message="both delivered by B")
+    first_ok = next(r for r in rx.requests_for(retried) if r.status == 200)
+    assert first_ok.arrived - t_due < 2.0, f"the retry went out {first_ok.arrived - t_due:.1f} s after it was due"
+    (after,) = rx.requests_for(later)
+    assert after.arrived >= first_ok.answered
+    assert [r.status for r in rx.requests_for(retried)] == [503, 200]
+    assert b.alive()
 
 
 BAD_WEBHOOK_CONFIGS = [

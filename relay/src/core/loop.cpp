@@ -12,7 +12,6 @@ namespace outbox {
 namespace {
 
 constexpr std::size_t kMaxTrackedRetries = 100000;
-constexpr std::chrono::milliseconds kRetrySlack{20};
 constexpr const char* kNoSink = "relay";  // metric label when the relay itself rejects an event
 
 // Moves every outcome of `from` to the end of `to`.

@@ -59,6 +59,10 @@ struct DrainControl {
 // Parses a headers column (a JSON object of strings). Returns an error text for anything else.
 std::optional<std::string> parse_headers(const std::string& json, std::vector<Header>& out);
 
+// Added to a retry's delay when the runner wakes for it: a wake before the row is due by the
+// database's clock would find nothing to claim and forget the wakeup.
+inline constexpr std::chrono::milliseconds kRetrySlack{20};
+
 class RelayLoop {
  public:
   // jitter01 returns uniform numbers in [0, 1). Everything is borrowed and must outlive the loop.

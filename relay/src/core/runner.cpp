@@ -22,7 +22,8 @@ void Runner::maybe_rebalance() {
   const auto now = clock_.now();
   if (now < next_rebalance_) return;
   next_rebalance_ = now + options_.rebalance_interval;
-  store_.rebalance();  // lanes gained are caught up by the drain in progress or the next one
+  // Lanes gained are caught up by the drain in progress or the next one.
+  if (store_.rebalance()) retry_look_due_ = true;
 }
 
 void Runner::note_poll(std::size_t claimed, Time started, Time previous) {
@@ -72,6 +73,8 @@ void Runner::session() {
   // go first, as its events carry no lease: Store::probe_claim).
   loop_.flush_pending();
   store_.rebalance();
+  retry_look_due_ = true;
+  store_retry_due_.reset();
   auto now = clock_.now();
   next_rebalance_ = now + options_.rebalance_interval;
   reconnect_.connected();
@@ -85,7 +88,7 @@ void Runner::session() {
     now = clock_.now();
     if (now >= next_rebalance_) {
       loop_.flush_pending();
-      if (store_.rebalance()) drain_needed = true;
+      if (store_.rebalance()) drain_needed = retry_look_due_ = true;
       next_rebalance_ = now + options_.rebalance_interval;
     }
     // Polls are paced from the start of the previous one, so that an event waits at most about
@@ -118,8 +121,14 @@ void Runner::session() {
     }
     if (!watched) waiter_.withdraw_watch();
     const auto next_poll = polled_at + (watched ? options_.watched_poll_interval : poll_every);
+    if (retry_look_due_) {
+      retry_look_due_ = false;
+      const auto in = store_.retry_due_in();
+      store_retry_due_ = in ? std::optional<Time>(clock_.now() + *in + kRetrySlack) : std::nullopt;
+    }
     auto deadline = std::min({next_sweep_, next_rebalance_, next_poll});
     if (auto due = loop_.next_retry_due()) deadline = std::min(deadline, *due);
+    if (store_retry_due_) deadline = std::min(deadline, *store_retry_due_);
     const auto source = waiter_.wait_until(deadline);
     if (waiter_.stopped()) return;
     now = clock_.now();
@@ -133,9 +142,15 @@ void Runner::session() {
       drain_needed = true;
       next_sweep_ = now + options_.sweep_interval;
     }
-    if (auto due = loop_.next_retry_due(); due && *due <= now) {
+    const auto own_retry = loop_.next_retry_due();
+    const bool store_retry = store_retry_due_ && *store_retry_due_ <= now;
+    if ((own_retry && *own_retry <= now) || store_retry) {
       if (!drain_needed) metrics_.wakeup(WakeSource::kRetry);
       drain_needed = true;
+    }
+    if (store_retry) {
+      store_retry_due_.reset();
+      retry_look_due_ = true;  // after this drain: the next one, if any
     }
     poll_due = !drain_needed && now >= next_poll;
     if (poll_due && watched && store_.reading_pending()) {

@@ -9,6 +9,7 @@
 // drive the schedule on one thread with a fake clock and no sleeps.
 #include <chrono>
 #include <functional>
+#include <optional>
 
 #include "core/backoff.hpp"
 #include "core/bell.hpp"
@@ -75,6 +76,11 @@ class Runner {
   Reconnect reconnect_;
   Time next_rebalance_{};
   Time next_sweep_{};
+  // Retries in this instance's lanes that another instance scheduled (Store::retry_due_in): looked
+  // for when the session starts, when lanes are gained, and after the drain that the last one
+  // found woke; the loop tracks its own.
+  bool retry_look_due_ = true;
+  std::optional<Time> store_retry_due_;
   // Events polls found, and the seconds they covered, smoothed over the last few polls.
   double recent_events_ = 0;
   double recent_seconds_ = 0;

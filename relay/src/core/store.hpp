@@ -69,6 +69,11 @@ class Store {
     complete(completions);
     return claim(limit);
   }
+  // How long until the earliest event of this instance's lanes that waits for a retry falls due;
+  // nullopt when none waits. The loop tracks the retries it scheduled itself; this also finds
+  // those an instance that stopped or lost the lanes scheduled (which polls, looking only above
+  // what earlier claims covered, never see), so that they go out when due, not at the next sweep.
+  virtual std::optional<std::chrono::milliseconds> retry_due_in() { return std::nullopt; }
   // Applies the outcomes of claimed batches in one transaction. A claim running at the same time
   // may or may not see them.
   virtual void complete(std::span<const Completion> completions) = 0;

@@ -452,6 +452,29 @@ std::vector<Event> PgStore::claim_or_probe(std::size_t limit, bool probe, std::s
   }
 }
 
+std::optional<std::chrono::milliseconds> PgStore::retry_due_in() {
+  connect();
+  auto& im = *impl_;
+  if (im.owned.empty()) return std::nullopt;
+  try {
+    return translate_errors("retry look", [&]() -> std::optional<std::chrono::milliseconds> {
+      // The retry index's predicate: a walk of the events that failed and still wait (at most one
+      // per key: later events of a key are not attempted while an earlier one waits).
+      pqxx::nontransaction tx(*im.conn);
+      const auto r = tx.exec_params1(
+          "SELECT ceil(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int8 FROM " + im.opt.table +
+              " WHERE processed_at IS NULL AND dead_lettered_at IS NULL AND attempts > 0 "
+              "AND next_attempt_at > now() AND lane = ANY($1::smallint[])",
+          im.owned_literal);
+      if (r[0].is_null()) return std::nullopt;
+      return std::chrono::milliseconds(r[0].as<long long>());
+    }, im.hints);
+  } catch (const StoreUnavailable&) {
+    im.drop();
+    throw;
+  }
+}
+
 std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool probe,
                                                       std::span<const Completion> completions, long long floor) {
   pqxx::nontransaction tx(*conn);

@@ -40,6 +40,7 @@ class PgStore final : public Store {
   // Writes the completions and polls in one round trip and one transaction (schema 2).
   std::vector<Event> probe_claim(std::size_t limit, std::span<const Completion> completions) override;
   void complete(std::span<const Completion> completions) override;
+  std::optional<std::chrono::milliseconds> retry_due_in() override;
   bool waiting_for_writers() const override;
   std::optional<long long> watch_from() const override;
   bool reading_pending() const override;

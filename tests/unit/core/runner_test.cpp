@@ -118,7 +118,22 @@ class FakeStore final : public Store {
   }
   std::vector<Event> claim(std::size_t /*limit*/) override {
     claims.push_back(clock_.t);
-    return next_batch();
+    auto batch = next_batch();
+    std::erase_if(foreign_retries, [&](const auto& r) {
+      if (r.first > clock_.t || r.second > clock_.t) return false;
+      batch.push_back(event(1000 + static_cast<EventId>(ms_of(r.second))));
+      return true;
+    });
+    return batch;
+  }
+  std::optional<milliseconds> retry_due_in() override {
+    retry_looks.push_back(clock_.t);
+    std::optional<Time> due;
+    for (const auto& [visible, at] : foreign_retries) {
+      if (visible <= clock_.t && at > clock_.t && (!due || at < *due)) due = at;
+    }
+    if (!due) return std::nullopt;
+    return std::chrono::duration_cast<milliseconds>(*due - clock_.t);
   }
   std::vector<Event> probe_claim(std::size_t /*limit*/, std::span<const Completion> c) override {
     probes.push_back(clock_.t);
@@ -159,7 +174,9 @@ class FakeStore final : public Store {
   double per_second = 0;  // > 0: polls find a steady stream of this many events a second
   EventId streamed = 0;
   int connects = 0;
-  std::vector<Time> claims, probes, rebalances;
+  // Retries another instance scheduled: (visible from, due); visible once this one has the lanes.
+  std::vector<std::pair<Time, Time>> foreign_retries;
+  std::vector<Time> claims, probes, rebalances, retry_looks;
   std::vector<Completion> completed;
 
  private:
@@ -409,6 +426,22 @@ TEST_CASE("runner: a due retry drains at once, without waiting for a poll or a s
   CHECK(f.metrics.wakeups[WakeSource::kRetry] == 1);
   REQUIRE(f.store.completed.size() == 1);
   CHECK(f.store.completed[0].kind == Completion::Kind::kRetry);
+}
+
+TEST_CASE("runner: a retry another instance scheduled drains when due, found at start and when lanes are gained") {
+  Fixture f;
+  f.options.idle_poll_interval = milliseconds(10'000);
+  f.options.poll_interval = milliseconds(10'000);
+  f.store.gain_at_rebalance = {2};  // at 5 s
+  f.store.foreign_retries = {{at(0), at(2'500)}, {at(5'000), at(7'000)}, {at(5'000), at(8'000)}};
+  f.waiter.stop_at = at(20'000);
+  f.run();
+  // Each one at its time plus the 20 ms slack, not at the sweep (30 s) or a poll (10 s).
+  CHECK(ms_list(f.store.claims) == std::vector<long long>{0, 2'520, 5'000, 7'020, 8'020});
+  CHECK(f.store.foreign_retries.empty());
+  CHECK(f.metrics.wakeups[WakeSource::kRetry] == 3);
+  // Looked for at start, after each retry's drain, and when lanes were gained: not per poll.
+  CHECK(ms_list(f.store.retry_looks) == std::vector<long long>{0, 2'520, 5'000, 7'020, 8'020});
 }
 
 TEST_CASE("runner: a bell drains at once; lanes gained at a rebalance are drained at once") {
