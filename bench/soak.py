@@ -255,6 +255,23 @@ class Soak:
         return {"n_live_tup": int(r[0]), "n_dead_tup": int(r[1]), "autovacuum_count": int(r[2]),
                 "autoanalyze_count": int(r[3]), "checkpoints": int(r[4])}
 
+    def wal(self) -> dict:
+        """pg_stat_wal's counters and the number of segment files in pg_wal: a window's WAL volume,
+        its full-page images, how often a backend found the WAL buffers full, and how many new
+        segment files appeared (each one written in full, zeros, and fsynced by the backend that
+        needed it while it holds the WAL write lock: until checkpoints recycle old segments, on
+        a fresh cluster, writers' commits wait for that)."""
+        r = self.db.psql("SELECT wal_bytes, wal_fpi, wal_buffers_full, (SELECT count(*) FROM pg_ls_waldir()) "
+                         "FROM pg_stat_wal").split("|")
+        return {"wal_bytes": int(r[0]), "wal_fpi": int(r[1]), "wal_buffers_full": int(r[2]), "wal_files": int(r[3])}
+
+    @staticmethod
+    def wal_window(before: dict, after: dict) -> dict:
+        return {"wal_mib": round((after["wal_bytes"] - before["wal_bytes"]) / 2**20, 1),
+                "wal_fpi": after["wal_fpi"] - before["wal_fpi"],
+                "wal_buffers_full": after["wal_buffers_full"] - before["wal_buffers_full"],
+                "wal_files": after["wal_files"], "wal_files_added": after["wal_files"] - before["wal_files"]}
+
     def last_id(self) -> int:
         return int(self.db.psql("SELECT coalesce(max(id), 0) FROM outbox_events") or 0)
 
@@ -390,6 +407,7 @@ class Soak:
         wall0 = time.time()
         snap = pc.Snapshot(self.db.postmaster, relay.pid)
         m_prev = relay.metrics()
+        wal_prev = self.wal()
         dirty = DirtySampler()
         dirty.start()
         tailer.take()
@@ -409,6 +427,7 @@ class Soak:
                 count, lat = tailer.take()
                 cpu = pc.window(snap, s)
                 m = relay.metrics()
+                wal = self.wal()
                 events = count - (windows[-1]["lines_total"] if windows else 0)
                 lat.sort()
                 w = {"t_s": round(s.t - t0, 1), "lines_total": count, "events": events,
@@ -418,16 +437,17 @@ class Soak:
                      "relay_us": round(1e6 * cpu["relay_cpu_seconds"] / events, 1) if events else None,
                      "postgres_us": round(1e6 * cpu["postgres_cpu_seconds"] / events, 1) if events else None,
                      "sizes": self.sizes(), **self.stats(), **stage_p99s(m_prev, m),
-                     "dirty_max_mib": dirty.take()}
+                     "dirty_max_mib": dirty.take(), **self.wal_window(wal_prev, wal)}
                 windows.append(w)
-                snap, m_prev = s, m
+                snap, m_prev, wal_prev = s, m, wal
                 k += 1
                 log(f"  {w['t_s'] / 60:5.1f} min: {events / SAMPLE_SECONDS:7,.0f}/s, p50 {pc.fmt(w['p50_ms'], 2)} "
                     f"p99 {pc.fmt(w['p99_ms'], 2)} max {pc.fmt(w['max_ms'], 1)} ms, size {w['sizes']['total'] / 2**20:7.1f} MiB, "
                     f"dead {w['n_dead_tup']:,}, autovacuum {w['autovacuum_count']}, checkpoints {w['checkpoints']}, "
                     f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}; "
                     f"p99 claim {pc.fmt(w['claim_p99_ms'], 1)} publish {pc.fmt(w['publish_p99_ms'], 1)} ms, "
-                    f"dirty <= {w['dirty_max_mib']:.0f} MiB")
+                    f"dirty <= {w['dirty_max_mib']:.0f} MiB; WAL {w['wal_mib']:.0f} MiB, {w['wal_fpi']:,} FPI, "
+                    f"buffers full {w['wal_buffers_full']:,}, files {w['wal_files']} (+{w['wal_files_added']})")
             out, err = writers.communicate(timeout=120)
             wr = pc.parse_pgbench(writers.returncode, out, err)
         finally:
