@@ -728,7 +728,7 @@ def main():
     doc["meta"]["checkpoint_timeout"] = s.db.psql("SHOW checkpoint_timeout")
     if 1 in points or (not a.soak_rate and points & {3, 4}):
         doc["backlog"] = s.backlog()
-    if not a.soak_rate:
+    if not a.soak_rate and points & {3, 4}:
         # 40 % of the relay's drain rate on this machine: the quiet drain, or, when writers and the
         # relay cannot both run at that rate on this machine, the relay's rate beside unpaced writers.
         doc["sustained"] = s.sustained()
