@@ -415,8 +415,8 @@ def payload_expr(order_expr: str) -> str:
             "\"customer\": \"c-00042\", \"status\": \"paid\"}')::jsonb")
 
 
-def event_values(key_expr: str, order_expr: str) -> str:
-    return "('order.paid', 'k' || " + key_expr + ", " + payload_expr(order_expr) + ")"
+def event_values(key_expr: str, order_expr: str, topic: str = "order.paid") -> str:
+    return "('" + topic + "', 'k' || " + key_expr + ", " + payload_expr(order_expr) + ")"
 
 
 # tag_client: order ids of client c (pgbench's :client_id) are c * 10,000,000 + 1..9,999,999, so

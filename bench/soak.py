@@ -21,7 +21,10 @@ defaults), and logs every autovacuum run.
    running on_success mark + retention 2m, then again on a fresh table with on_success delete.
    Every 30 s: the table's, its TOAST's and each index's size, n_live_tup/n_dead_tup, autovacuum
    and autoanalyze runs, commit-to-sink p50/p99/max of the lines that reached the sink in the
-   window (the line's arrival time minus the row's created_at, as in bench/steady.py), relay CPU
+   window (the line's arrival time minus the row's created_at, as in bench/steady.py: created_at
+   is the start of the writer's INSERT, so this includes the writer's own commit), the same from
+   the moment the COMMIT returned for the events of a probe writer beside them (PROBE_RATE single-
+   event transactions a second, every one logged; its events' p99 per window), relay CPU
    and Postgres CPU (the whole cluster: writers' backends, the relay's sessions, autovacuum,
    checkpointer) per event, the p99 of the relay's claim and publish calls (its histograms), the
    largest dirty page cache (/proc/meminfo). Targets: after minute 10 the table + TOAST + indexes stay within
@@ -40,6 +43,7 @@ file (--out). Standard library only, except matplotlib for the plots (skipped wi
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime as dt
 import json
 import os
@@ -62,6 +66,12 @@ TAG = "soak"
 # images after each checkpoint starts and made no difference here.
 RECOMMENDED_PG_SETTINGS = "backend_flush_after=256kB"
 SAMPLE_SECONDS = 30.0
+# The probe writer beside the soak's writers: one pgbench client of single-event transactions,
+# every one logged, so that each probe event's sink arrival can be set against the moment its
+# COMMIT returned (not its created_at, the start of its INSERT: that includes the writer's own
+# commit). Its own topic tells its lines apart in the sink.
+PROBE_TOPIC = "order.probe"
+PROBE_RATE = 100
 
 
 def log(msg):
@@ -70,6 +80,9 @@ def log(msg):
 
 # ----------------------------------------------------------------------------------------------
 # The sink, read as it grows: no line is kept (a soak writes tens of millions).
+
+PROBE_MARK = b'"topic":"' + PROBE_TOPIC.encode() + b'"'
+
 
 class StreamTailer(pc.Tailer):
     """pgcost.Tailer that keeps no line: per line, the id (delivered once?) and the commit-to-sink
@@ -84,6 +97,7 @@ class StreamTailer(pc.Tailer):
         self.max_id = 0
         self.last_arrival = None  # time.monotonic() of the newest line
         self.last_latency_ms = None
+        self.probes = []          # (id, arrival epoch s) of the probe writer's lines
 
     def count(self) -> int:
         return self.n
@@ -92,11 +106,14 @@ class StreamTailer(pc.Tailer):
         mono = time.monotonic()
         lat = []
         ids = []
+        probes = []
         for line in lines:
             if not line:
                 continue
             # {"id":N,"topic":...,"created_at":"..."}  (the file sink's line, relay/src/sinks/file/file_sink.cpp)
             ids.append(int(line[6:line.index(b",", 6)]))
+            if PROBE_MARK in line:
+                probes.append((ids[-1], now))
             c = line.rindex(b'"created_at":"') + 14
             created = dt.datetime.fromisoformat(line[c:line.index(b'"', c)].decode()).timestamp()
             lat.append((now - created) * 1000.0)
@@ -114,6 +131,7 @@ class StreamTailer(pc.Tailer):
             self.max_id = max(self.max_id, top)
             self.n += len(ids)
             self.window.extend(lat)
+            self.probes.extend(probes)
             self.last_arrival = mono
             self.last_latency_ms = lat[-1]
 
@@ -211,6 +229,10 @@ class Soak:
         self.work = Path(a.work)
         self.db = pc.Db(a.url, a.pg_dir)
         self.script = pc.insert_script(self.work / "insert.sql", "outbox_events", a.events_per_txn)
+        self.probe_script = self.work / "probe.sql"
+        self.probe_script.write_text("\\set k random(1, 1000)\n\\set o random(1, 10000000)\n"
+                                     "INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES "
+                                     f"{pc.event_values(':k', ':o', topic=PROBE_TOPIC)};\n")
 
     # -- table ----------------------------------------------------------------------------------
     def reset(self):
@@ -403,6 +425,9 @@ class Soak:
         relay, tailer = self.start_relay(f"soak-{mode}", **opts)
         prefix = self.work / f"soak-{mode}-txn"
         writers = self.writers(seconds, prefix)
+        probe_prefix = self.work / f"soak-{mode}-probe"
+        probe = pc.pgbench(self.db.env, self.probe_script, 1, 1, seconds, rate=PROBE_RATE, popen=True,
+                           log_prefix=probe_prefix)
         t0 = time.monotonic()
         wall0 = time.time()
         snap = pc.Snapshot(self.db.postmaster, relay.pid)
@@ -430,7 +455,7 @@ class Soak:
                 wal = self.wal()
                 events = count - (windows[-1]["lines_total"] if windows else 0)
                 lat.sort()
-                w = {"t_s": round(s.t - t0, 1), "lines_total": count, "events": events,
+                w = {"t_s": round(s.t - t0, 1), "wall_end": time.time(), "lines_total": count, "events": events,
                      "p50_ms": pc.pct(lat, 0.5), "p99_ms": pc.pct(lat, 0.99), "max_ms": pc.pct(lat, 1.0),
                      "relay_cpu_s": cpu["relay_cpu_seconds"], "postgres_cpu_s": cpu["postgres_cpu_seconds"],
                      "foreign_cores": cpu["foreign_cores"],
@@ -450,11 +475,14 @@ class Soak:
                     f"buffers full {w['wal_buffers_full']:,}, files {w['wal_files']} (+{w['wal_files_added']})")
             out, err = writers.communicate(timeout=120)
             wr = pc.parse_pgbench(writers.returncode, out, err)
+            out, err = probe.communicate(timeout=120)
+            pc.parse_pgbench(probe.returncode, out, err)
         finally:
             dirty.stop()
-            if writers.poll() is None:
-                writers.terminate()
-                writers.wait()
+            for p in (writers, probe):
+                if p.poll() is None:
+                    p.terminate()
+                    p.wait()
         # the last events: every id written reaches the sink exactly once
         last = self.sequence_last()
         deadline = time.monotonic() + 60
@@ -467,7 +495,8 @@ class Soak:
         self.stop_relay(relay, tailer)
         r = {"mode": mode, "rate": a.soak_rate, "minutes": a.soak_minutes, "windows": windows, "writers": wr,
              "writer_txn": self.writer_latencies(prefix), "last_id": last, "missing": missing,
-             "duplicated": duplicated, "wall_start": wall0}
+             "duplicated": duplicated, "wall_start": wall0,
+             "probe": probe_windows(tailer.probes, probe_prefix, windows)}
         r["figures"] = soak_figures(windows, a.soak_minutes)
         log(f"soak ({mode}): {last:,} events, missing {missing}, duplicated {duplicated}; {r['figures']}")
         return r
@@ -525,6 +554,41 @@ class Soak:
         return r
 
 
+def probe_windows(probes: list, log_prefix: Path, windows: list) -> dict:
+    """The probe writer's events, per window of their arrival: commit-to-sink from the moment the
+    COMMIT returned to the writer (p50/p99/max, ms) and the probe's own transaction time (INSERT
+    sent to COMMIT returned, pgbench -l: time - schedule lag). One client runs its transactions
+    one after the other, so its k-th transaction in its log wrote its k-th id. Added to each
+    window as probe_*; returns the totals (or why there are none)."""
+    txns = []
+    for f in log_prefix.parent.glob(log_prefix.name + ".*"):
+        with open(f) as fh:
+            for line in fh:
+                p = line.split()
+                if len(p) >= 6:
+                    lag = int(p[6]) if len(p) >= 7 and p[6].lstrip("-").isdigit() else 0
+                    txns.append((int(p[1]), int(p[4]) + int(p[5]) / 1e6, (int(p[2]) - lag) / 1000))
+    txns.sort()
+    probes = sorted(probes)
+    if not txns or len(txns) != len(probes):
+        log(f"probe: {len(txns)} transactions logged, {len(probes)} probe events in the sink: not matched")
+        return {"matched": False, "transactions": len(txns), "events": len(probes)}
+    ends = [w["wall_end"] for w in windows]
+    per = [([], []) for _ in windows]
+    for (_, arrival), (_, committed, own_ms) in zip(probes, txns):
+        i = bisect.bisect_left(ends, arrival)
+        if i < len(per):
+            per[i][0].append((arrival - committed) * 1000.0)
+            per[i][1].append(own_ms)
+    for w, (lat, own) in zip(windows, per):
+        lat.sort()
+        own.sort()
+        w.update({"probe_n": len(lat), "probe_p50_ms": pc.pct(lat, 0.5), "probe_p99_ms": pc.pct(lat, 0.99),
+                  "probe_max_ms": pc.pct(lat, 1.0), "probe_txn_p99_ms": pc.pct(own, 0.99),
+                  "probe_txn_max_ms": pc.pct(own, 1.0)})
+    return {"matched": True, "transactions": len(txns), "events": len(probes)}
+
+
 def soak_figures(windows, minutes):
     f = {}
     if not windows:
@@ -541,6 +605,10 @@ def soak_figures(windows, minutes):
     f["worst_window_p99_ms"] = max(p99s) if p99s else None
     f["windows_over_20ms"] = sum(1 for x in p99s if x > 20)
     f["p99_held"] = bool(p99s) and f["windows_over_20ms"] == 0
+    probe = [w["probe_p99_ms"] for w in windows if w.get("probe_p99_ms") is not None]
+    if probe:
+        f["probe_worst_window_p99_ms"] = max(probe)
+        f["probe_windows_over_20ms"] = sum(1 for x in probe if x > 20)
 
     def per_event(ws):
         ev = sum(w["events"] for w in ws)
@@ -591,8 +659,11 @@ def plot(doc, out_dir: Path):
                 ax2.axvline(t[i], color="grey", alpha=0.3, linewidth=0.8)
         ax2.set_ylabel("thousand rows")
         ax2.legend(fontsize=7, loc="upper left", title="grey lines: autovacuum ran", title_fontsize=7)
-        ax3.plot(t, [w["p50_ms"] for w in ws], label="commit-to-sink p50")
+        ax3.plot(t, [w["p50_ms"] for w in ws], label="commit-to-sink p50 (from created_at)")
         ax3.plot(t, [w["p99_ms"] for w in ws], label="p99")
+        if any(w.get("probe_p99_ms") is not None for w in ws):
+            ax3.plot(t, [w.get("probe_p99_ms") for w in ws], label="p99 from the COMMIT's return (probe writer)",
+                     linestyle=":")
         ax3.axhline(20, color="red", alpha=0.4, linestyle="--", label="p99 target 20 ms")
         ax3.set_ylabel("ms (30-s windows)")
         ax3.set_xlabel("minutes")
@@ -639,6 +710,10 @@ def print_report(doc, a):
                          pc.held(f["size_held"])])
         rows.append([f"{lbl}: worst 30-s window commit-to-sink p99", f"{pc.fmt(f['worst_window_p99_ms'], 2)} ms "
                      f"({f['windows_over_20ms']} windows over)", "<= 20 ms every window", pc.held(f["p99_held"])])
+        if "probe_worst_window_p99_ms" in f:
+            rows.append([f"{lbl}: the same from the COMMIT's return (probe writer, {PROBE_RATE}/s)",
+                         f"{pc.fmt(f['probe_worst_window_p99_ms'], 2)} ms ({f['probe_windows_over_20ms']} windows over)",
+                         "report", "-"])
         if "cpu_ratio" in f:
             rows.append([f"{lbl}: CPU/event relay + Postgres, last vs first 10 min",
                          f"{f['cpu_us_last']} vs {f['cpu_us_first']} us = {f['cpu_ratio']:.2f} x", "<= 1.2 x",
