@@ -526,8 +526,9 @@ def parse_extra(fragment: str):
 
 
 def write_relay_config(path: Path, sink: Path, http_port: int | None, relay: dict, extra: str = "",
-                       log_level="info", pinned=(), fsync=True) -> Path:
-    """YAML without database.url (the relay reads DATABASE_URL). `extra` lines go into relay:
+                       log_level="info", pinned=(), fsync=True, table: str | None = None) -> Path:
+    """YAML without database.url (the relay reads DATABASE_URL); `table` the outbox table if not
+    outbox_events. `extra` lines go into relay:
     and replace keys of `relay` with the same name, except the `pinned` keys (a measurement's
     premise, e.g. sweep_interval 1h of the bursty test), whose one-line settings in `extra` are
     dropped."""
@@ -537,7 +538,7 @@ def write_relay_config(path: Path, sink: Path, http_port: int | None, relay: dic
             extra_keys.discard(k)
             extra_lines = [l for l in extra_lines if not re.match(rf"{k}\s*:", l)]
             log("config", f"relay.{k} is fixed to {relay[k]} for this measurement; the extra setting is ignored")
-    out = ["relay:"]
+    out = (["database:", f"  table: {table}"] if table else []) + ["relay:"]
     for k, v in relay.items():
         if k not in extra_keys:
             out.append(f"  {k}: {v}")
