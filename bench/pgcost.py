@@ -367,19 +367,25 @@ def parse_pgbench(code: int, out: str, err: str) -> dict:
     return r
 
 
-def txn_log_summary(log_prefix: Path) -> dict:
-    """The writers' own transaction times from pgbench -l (client txn time us script epoch us
-    [lag]): execution time = time - schedule lag, i.e. from sending the INSERT to COMMIT returning.
-    A slow commit (a WAL flush stalled by other I/O) shows here, not in the relay."""
-    v = []
+def pgbench_log(log_prefix: Path):
+    """The transactions of pgbench -l (client txn_no time_us script epoch us [lag]), as
+    (client, txn_no, epoch s when its COMMIT returned, execution ms = time - schedule lag, i.e.
+    from sending the first statement to COMMIT returning)."""
     for f in log_prefix.parent.glob(log_prefix.name + ".*"):
         with open(f) as fh:
             for line in fh:
-                parts = line.split()
-                if len(parts) >= 6:
-                    lag = int(parts[6]) if len(parts) >= 7 and parts[6].lstrip("-").isdigit() else 0
-                    v.append((int(parts[2]) - lag) / 1000)
-    v.sort()
+                p = line.split()
+                if len(p) >= 6:
+                    lag = int(p[6]) if len(p) >= 7 and p[6].lstrip("-").isdigit() else 0
+                    yield int(p[0]), int(p[1]), int(p[4]) + int(p[5]) / 1e6, (int(p[2]) - lag) / 1000
+
+
+def txn_log_summary(log_prefix: Path, since=None, until=None) -> dict:
+    """The writers' own transaction times from pgbench -l, of those whose COMMIT returned between
+    since and until (epoch s, if given). A slow commit (a WAL flush stalled by other I/O) shows
+    here, not in the relay."""
+    v = sorted(ms for _, _, end, ms in pgbench_log(log_prefix)
+               if (since is None or end >= since) and (until is None or end <= until))
     return {"count": len(v), "p50_ms": pct(v, 0.5), "p99_ms": pct(v, 0.99), "max_ms": pct(v, 1.0)}
 
 
@@ -390,12 +396,8 @@ def commit_times(log_prefix: Path, rows: list) -> dict | None:
     transaction in pgbench's log (client txn_no time script epoch us [lag]). None if the counts
     differ (a failed transaction)."""
     logged = {}
-    for f in log_prefix.parent.glob(log_prefix.name + ".*"):
-        with open(f) as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) >= 6:
-                    logged.setdefault(int(parts[0]), []).append((int(parts[1]), int(parts[4]) + int(parts[5]) / 1e6))
+    for client, txn, end, _ in pgbench_log(log_prefix):
+        logged.setdefault(client, []).append((txn, end))
     by_client = {}
     for rid, order in rows:
         by_client.setdefault(order // CLIENT_TAG, []).append(rid)

@@ -217,6 +217,49 @@ class DirtySampler(threading.Thread):
         self._halt.set()
 
 
+class WaitSampler(threading.Thread):
+    """What the cluster's statements that have run for over 20 ms are doing, sampled every 50 ms
+    from pg_stat_activity through one psql session: take() gives, since the previous take, the
+    samples per (application, wait event), 'CPU' for none (running, or waiting for a core)."""
+
+    SQL = ("SELECT coalesce(nullif(application_name, ''), backend_type) || '|' || "
+           "coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity "
+           "WHERE state = 'active' AND pid <> pg_backend_pid() AND clock_timestamp() - query_start > interval '20 ms' "
+           "AND backend_type IN ('client backend', 'autovacuum worker')")
+
+    def __init__(self, env: dict, stderr_path: Path):
+        super().__init__(daemon=True)
+        self.session = pc.PsqlSession(env, stderr_path)
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        self._counts = {}
+        self.samples = 0
+
+    def run(self):
+        while not self._halt.wait(0.05):
+            try:
+                rows = self.session.run(self.SQL + ";")
+            except RuntimeError:
+                return
+            with self._lock:
+                self.samples += 1
+                for row in rows:
+                    self._counts[row] = self._counts.get(row, 0) + 1
+
+    def take(self) -> dict:
+        """The most frequent (application|wait) pairs since the previous take, with the samples taken."""
+        with self._lock:
+            c, self._counts = self._counts, {}
+            n, self.samples = self.samples, 0
+        top = dict(sorted(c.items(), key=lambda kv: -kv[1])[:6])
+        return {"wait_samples": n, "slow_waits": top}
+
+    def stop(self):
+        self._halt.set()
+        self.join(timeout=5)
+        self.session.close()
+
+
 def stage_p99s(before: dict, after: dict) -> dict:
     """Where a window's tail is: p99 (ms) of the relay's claim statements (which also write the
     previous batches' outcomes) and of its sink's publish calls (the file sink's write + fdatasync),
@@ -424,30 +467,12 @@ class Soak:
     # -- 3 and 4 --------------------------------------------------------------------------------
     def writers(self, seconds, log_prefix):
         """pgbench at the soak rate, 10 % of its transactions logged."""
-        env = self.db.env
+        env = {**self.db.env, "PGAPPNAME": "soak-writers"}
         if self.a.writers_async_commit:
             env = {**env, "PGOPTIONS": (env.get("PGOPTIONS", "") + " -c synchronous_commit=off").strip()}
         return pc.pgbench(env, self.script, self.a.clients, self.a.jobs, seconds,
                           rate=self.a.soak_rate / self.a.events_per_txn,
                           popen=True, log_prefix=log_prefix, extra=["--sampling-rate=0.1"])
-
-    @staticmethod
-    def writer_latencies(log_prefix: Path, since=None, until=None):
-        """Sampled pgbench -l lines: (epoch s at the end, execution ms = time - schedule lag)."""
-        v = []
-        for f in log_prefix.parent.glob(log_prefix.name + ".*"):
-            with open(f) as fh:
-                for line in fh:
-                    p = line.split()
-                    if len(p) < 6:
-                        continue
-                    end = int(p[4]) + int(p[5]) / 1e6
-                    if (since is not None and end < since) or (until is not None and end > until):
-                        continue
-                    lag = int(p[6]) if len(p) >= 7 and p[6].lstrip("-").isdigit() else 0
-                    v.append((int(p[2]) - lag) / 1000)
-        v.sort()
-        return {"count": len(v), "p50_ms": pc.pct(v, 0.5), "p99_ms": pc.pct(v, 0.99), "max_ms": pc.pct(v, 1.0)}
 
     def soak(self, mode):
         a = self.a
@@ -460,7 +485,7 @@ class Soak:
         prefix = self.work / f"soak-{mode}-txn"
         writers = self.writers(seconds, prefix)
         probe_prefix = self.work / f"soak-{mode}-probe"
-        probe = pc.pgbench(self.db.env, self.probe_script, 1, 1, seconds, rate=PROBE_RATE, popen=True,
+        probe = pc.pgbench({**self.db.env, "PGAPPNAME": "soak-probe"}, self.probe_script, 1, 1, seconds, rate=PROBE_RATE, popen=True,
                            log_prefix=probe_prefix)
         t0 = time.monotonic()
         wall0 = time.time()
@@ -469,6 +494,8 @@ class Soak:
         wal_prev = self.wal()
         dirty = DirtySampler()
         dirty.start()
+        waits = WaitSampler(self.db.env, self.work / f"soak-{mode}-waits.err")
+        waits.start()
         tailer.take()
         windows = []
         log(f"soak ({mode}{', retention ' + a.retention if mode == 'mark' else ''}) at {a.soak_rate:,}/s "
@@ -496,7 +523,7 @@ class Soak:
                      "relay_us": round(1e6 * cpu["relay_cpu_seconds"] / events, 1) if events else None,
                      "postgres_us": round(1e6 * cpu["postgres_cpu_seconds"] / events, 1) if events else None,
                      "sizes": self.sizes(), **self.stats(), **stage_p99s(m_prev, m),
-                     "dirty_max_mib": dirty.take(), **self.wal_window(wal_prev, wal)}
+                     "dirty_max_mib": dirty.take(), **self.wal_window(wal_prev, wal), **waits.take()}
                 windows.append(w)
                 snap, m_prev, wal_prev = s, m, wal
                 k += 1
@@ -506,13 +533,16 @@ class Soak:
                     f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}; "
                     f"p99 claim {pc.fmt(w['claim_p99_ms'], 1)} publish {pc.fmt(w['publish_p99_ms'], 1)} ms, "
                     f"dirty <= {w['dirty_max_mib']:.0f} MiB; WAL {w['wal_mib']:.0f} MiB, {w['wal_fpi']:,} FPI, "
-                    f"buffers full {w['wal_buffers_full']:,}, files {w['wal_files']} (+{w['wal_files_added']})")
+                    f"buffers full {w['wal_buffers_full']:,}, files {w['wal_files']} (+{w['wal_files_added']}); "
+                    f"over 20 ms ({w['wait_samples']} samples): "
+                    + ", ".join(f"{k} {v}" for k, v in list(w["slow_waits"].items())[:4]))
             out, err = writers.communicate(timeout=120)
             wr = pc.parse_pgbench(writers.returncode, out, err)
             out, err = probe.communicate(timeout=120)
             pc.parse_pgbench(probe.returncode, out, err)
         finally:
             dirty.stop()
+            waits.stop()
             for p in (writers, probe):
                 if p.poll() is None:
                     p.terminate()
@@ -528,7 +558,7 @@ class Soak:
         duplicated = tailer.duplicates
         self.stop_relay(relay, tailer)
         r = {"mode": mode, "rate": a.soak_rate, "minutes": a.soak_minutes, "windows": windows, "writers": wr,
-             "writer_txn": self.writer_latencies(prefix), "last_id": last, "missing": missing,
+             "writer_txn": pc.txn_log_summary(prefix), "last_id": last, "missing": missing,
              "duplicated": duplicated, "wall_start": wall0,
              "probe": probe_windows(tailer.probes, probe_prefix, windows)}
         r["figures"] = soak_figures(windows, a.soak_minutes)
@@ -580,8 +610,8 @@ class Soak:
         self.stop_relay(relay, tailer)
         r = {"backlog_at_start": backlog0, "seconds": round(t1 - t0, 2), "delivered": delivered,
              "events_per_s": round(delivered / (t1 - t0), 1), "latency_after_ms": lag_after,
-             "writer_txn_catchup": self.writer_latencies(prefix, wall0, wall1),
-             "writer_txn_before": self.writer_latencies(prefix, None, wall0),
+             "writer_txn_catchup": pc.txn_log_summary(prefix, wall0, wall1),
+             "writer_txn_before": pc.txn_log_summary(prefix, None, wall0),
              "missing": missing, "duplicated": duplicated, "last_id": last}
         log(f"catch-up: {backlog0:,} pending gone in {r['seconds']} s ({r['events_per_s']:,.0f}/s incl. new writes), "
             f"writers' p99 {r['writer_txn_catchup']['p99_ms']} ms; missing {missing}, duplicated {duplicated}")
@@ -603,15 +633,7 @@ def probe_windows(probes: list, log_prefix: Path, windows: list) -> dict:
     sent to COMMIT returned, pgbench -l: time - schedule lag). One client runs its transactions
     one after the other, so its k-th transaction in its log wrote its k-th id. Added to each
     window as probe_*; returns the totals (or why there are none)."""
-    txns = []
-    for f in log_prefix.parent.glob(log_prefix.name + ".*"):
-        with open(f) as fh:
-            for line in fh:
-                p = line.split()
-                if len(p) >= 6:
-                    lag = int(p[6]) if len(p) >= 7 and p[6].lstrip("-").isdigit() else 0
-                    txns.append((int(p[1]), int(p[4]) + int(p[5]) / 1e6, (int(p[2]) - lag) / 1000))
-    txns.sort()
+    txns = sorted((txn, end, ms) for _, txn, end, ms in pc.pgbench_log(log_prefix))
     probes = sorted(probes)
     if not txns or len(txns) != len(probes):
         log(f"probe: {len(txns)} transactions logged, {len(probes)} probe events in the sink: not matched")

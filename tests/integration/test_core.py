@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 
 import psycopg
 import pytest
 
-from conftest import ROOT, Writers, base_config, read_jsonl, run_cli, run_config, wait_until
+from conftest import (ROOT, Database, Writers, base_config, read_jsonl, run_cli, run_config, throwaway_cluster,
+                      wait_until)
 
 
 def file_sink(path):
@@ -292,6 +294,83 @@ def test_8_sigterm_exits_0_and_leaves_no_live_lease(db, relays, workdir):
     delivered = set(ids_in(out))
     marked = {r[0] for r in db.query("SELECT id FROM outbox_events WHERE processed_at IS NOT NULL")}
     assert delivered == marked
+
+
+def test_no_statement_of_the_relay_waits_for_the_wal_flush(relays, workdir):
+    """A synchronous standby that never connects: every commit that waits for the WAL flush waits
+    for it forever. The relay's leases, outcomes and cleared leases are all written again if a
+    crash loses them, so none of its commits may wait: not in a drain (full batches, whose outcomes
+    the drain waits for before it claims again), not in a steady stream's polls, not at a lane
+    hand-over, not at shutdown. (Before: the outcomes' statement waited, and delivery stopped after
+    the first batch; on a busy VM a flush stalled by other I/O held every event behind it.)"""
+    with throwaway_cluster("outbox-flush-") as c:
+        with psycopg.connect(c.url, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE flush")
+        db = Database(c, "flush")
+        db.migrate()
+        with db.connect() as conn:
+            conn.execute("CREATE TABLE durable_probe (x int)")
+            # The test clusters run with synchronous_commit off (PG_FAST): this database's
+            # sessions, the relay's among them, get the default back.
+            conn.execute("ALTER DATABASE flush SET synchronous_commit = on")
+        with psycopg.connect(c.url, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = 'ghost'")
+            conn.execute("SELECT pg_reload_conf()")
+
+        def durable_commit_waits():
+            with psycopg.connect(db.url, autocommit=True) as conn:
+                cancel = threading.Timer(0.3, conn.cancel)  # ends the wait with a warning
+                cancel.start()
+                started = time.monotonic()
+                conn.execute("INSERT INTO durable_probe VALUES (1)")
+                cancel.cancel()
+                return time.monotonic() - started >= 0.3
+
+        wait_until(durable_commit_waits, timeout=10, message="a durable commit waits for the ghost standby")
+        # The writers' own commits wait for the local flush only (they would wait for the ghost).
+        writer = psycopg.connect(db.url, autocommit=True, options="-c synchronous_commit=local")
+        total = 0
+
+        def write(n, keys=50):
+            nonlocal total
+            with writer.transaction():
+                for i in range(n):
+                    writer.execute("INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES (%s, %s, %s)",
+                                   ("order.paid", f"k{(total + i) % keys}", json.dumps({"i": total + i})))
+            total += n
+
+        def unmarked():
+            return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL")
+
+        try:
+            write(3000)  # a backlog: full batches, pipelined
+            out_a, out_b = workdir / "a.jsonl", workdir / "b.jsonl"
+            a = relays(base_config(db, file_sink(out_a)), name="a")
+            wait_until(lambda: unmarked() == 0, timeout=30, message="the backlog delivered and marked")
+            for _ in range(20):  # a light stream: polls, their outcomes written tens at a time
+                write(5)
+                time.sleep(0.05)
+            wait_until(lambda: unmarked() == 0, timeout=30, message="the stream delivered and marked")
+            b = relays(base_config(db, file_sink(out_b)), name="b")  # a lane hand-over
+            wait_until(lambda: any(l.get("lanes_owned") == 32 for l in b.logs()), timeout=30, message="b owns 32 lanes")
+            write(2000)
+            wait_until(lambda: unmarked() == 0, timeout=30, message="both relays' events marked")
+            started = time.monotonic()
+            assert a.stop(signal.SIGTERM, timeout=15) == 0
+            assert time.monotonic() - started < 10
+            write(500)
+            wait_until(lambda: unmarked() == 0, timeout=30, message="b alone")
+            assert b.stop(signal.SIGTERM, timeout=15) == 0
+            got = ids_in(out_a) + ids_in(out_b)
+            assert sorted(got) == list(range(1, total + 1)), "every id exactly once"
+            assert ids_in(out_b), "the second relay took part"
+            waiting = db.scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+            assert waiting == 0
+        finally:
+            writer.close()
+            with psycopg.connect(c.url, autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM RESET synchronous_standby_names")
+                conn.execute("SELECT pg_reload_conf()")
 
 
 def test_unreachable_database_is_retried_with_backoff_not_crash_looped(relays, workdir):

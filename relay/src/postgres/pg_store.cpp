@@ -172,6 +172,15 @@ EncodedCompletions encode_completions(std::span<const Completion> completions) {
 
 std::string claim_function_name(const std::string& table) { return function_prefix(table) + "_claim"; }
 
+// Every row the relay writes (leases, outcomes, cleared leases) is written again if a crash of
+// Postgres loses it: a lost lease makes a row claimable again, a lost mark delivers it again (at
+// least once, as always; README, "Failure model"). So no statement of the relay waits for the WAL
+// flush (nor, with synchronous replication, for a standby): a flush stalled behind other I/O
+// would stall deliveries, and with them every event behind. A condition to AND into an autocommit
+// statement's WHERE: set_config(..., true) lasts until the statement's implicit transaction
+// commits; an InitPlan runs it once.
+constexpr const char* kNoFlushWait = " AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' ";
+
 constexpr const char* kClaimFunctionArgs =
     "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, text[])";
 // Schema 3's: the same and a floor.
@@ -241,11 +250,8 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "                            AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL "
       "                            AND b.attempts > 0 AND b.next_attempt_at > now()) "
       "       ORDER BY c.id LIMIT $4 FOR UPDATE SKIP LOCKED)) "
-      // The lease need not survive a database crash: a lost lease only makes the row claimable
-      // again (at least once, as always). So this statement's commit skips the WAL flush (the
-      // complete that follows is durable and flushes this record too). set_config(..., true)
-      // lasts until this statement's implicit transaction commits; an InitPlan runs it once.
-      "  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' "
+      // The lease need not survive a database crash (kNoFlushWait).
+      + kNoFlushWait +
       "RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, "
       "  to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
       "  (extract(epoch FROM e.created_at) * 1000000)::int8, e.attempts, e.sinks_done";
@@ -267,9 +273,11 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "                AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " + std::to_string(fence_tag(t)) + ") "
       "     , to_regprocedure($2) IS NOT NULL "
       "FROM (SELECT coalesce(pg_sequence_last_value($1::regclass), 0) AS last OFFSET 0) AS v";
-  // Complete: one autocommit statement (one round trip, one durable commit) for a whole batch:
-  // $1 the delivered ids, marked or deleted; $2 the other outcomes as a JSON array. Unreferenced
-  // data-modifying CTEs still run.
+  // Complete: one autocommit statement (one round trip, one commit) for a whole batch: $1 the
+  // delivered ids, marked or deleted; $2 the other outcomes as a JSON array. Unreferenced
+  // data-modifying CTEs still run. The commit does not wait for the WAL flush (kNoFlushWait): the
+  // drain waits for this statement before it claims again, so a flush stalled by other I/O
+  // (100-400 ms on a busy VM) held back every event behind it.
   const std::string done_sql =
       impl_->opt.delete_on_success
           ? "DELETE FROM " + t + " WHERE id = ANY($1::bigint[])"
@@ -287,7 +295,7 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "FROM jsonb_to_recordset($2::jsonb) AS r(id bigint, kind text, delay_ms bigint, error text, sinks_done text[]) "
       "WHERE e.id = r.id AND e.processed_at IS NULL "
       "  AND e.id = ANY(ARRAY(SELECT (f->>'id')::bigint FROM jsonb_array_elements($2::jsonb) AS f))) "
-      "SELECT 1";
+      "SELECT set_config('synchronous_commit', 'off', true)";
 }
 
 PgStore::~PgStore() = default;
@@ -397,7 +405,8 @@ bool PgStore::rebalance() {
         // overtake the leased ones. Clear them so the rows are claimable now, in order.
         tx.exec_params("UPDATE " + im.opt.table +
                            " SET lease_owner = NULL, lease_until = NULL WHERE lane = ANY($1::smallint[]) "
-                           "AND processed_at IS NULL AND dead_lettered_at IS NULL AND lease_until IS NOT NULL",
+                           "AND processed_at IS NULL AND dead_lettered_at IS NULL AND lease_until IS NOT NULL" +
+                           kNoFlushWait,
                        int_array(gained.data(), gained.data() + gained.size()));
         owned.insert(gained.begin(), gained.end());
       }
@@ -566,7 +575,8 @@ bool PgStore::release_leases() {
       pqxx::nontransaction tx(*im.conn);
       tx.exec_params("UPDATE " + im.opt.table +
                          " SET lease_owner = NULL, lease_until = NULL "
-                         "WHERE lease_owner = $1 AND processed_at IS NULL AND dead_lettered_at IS NULL",
+                         "WHERE lease_owner = $1 AND processed_at IS NULL AND dead_lettered_at IS NULL" +
+                         kNoFlushWait,
                      im.opt.instance_id);
     }, im.hints);
     return true;
