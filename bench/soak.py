@@ -17,7 +17,8 @@ defaults), and logs every autovacuum run.
    outbox_relay_claim_duration_seconds histogram (delta over the drain, interpolated inside its
    bucket as Prometheus' histogram_quantile does). Targets: >= 0.9 x the events/s, claim p99 <=
    1.5 x.
-3. Soak: paced writers (pgbench -R RATE -c 8 -j 2, single-row INSERTs as in bench/steady.sh) for
+3. Soak: paced writers (pgbench -R RATE -c 8 -j 2, one INSERT of --events-per-txn (10) events a
+   transaction, the events of bench/steady.sh) for
    --soak-minutes (30) at --soak-rate (default: 40 % of point 1's small drain rate), with a relay
    running on_success mark + retention 2m, then again on a fresh table with on_success delete.
    Every 30 s: the table's, its TOAST's and each index's size, n_live_tup/n_dead_tup, autovacuum
@@ -25,7 +26,8 @@ defaults), and logs every autovacuum run.
    window (the line's arrival time minus the row's created_at, as in bench/steady.py: created_at
    is the start of the writer's INSERT, so this includes the writer's own commit), the same from
    the moment the COMMIT returned for the events of a probe writer beside them (PROBE_RATE single-
-   event transactions a second, every one logged; its events' p99 per window), relay CPU
+   event transactions a second, every one logged; its events' p99 per window), what the
+   cluster's statements running for over 20 ms wait for (pg_stat_activity every 50 ms), relay CPU
    and Postgres CPU (the whole cluster: writers' backends, the relay's sessions, autovacuum,
    checkpointer) per event, the p99 of the relay's claim and publish calls (its histograms), the
    largest dirty page cache (/proc/meminfo). Targets: after minute 10 the table + TOAST + indexes stay within
