@@ -325,7 +325,10 @@ def test_3_failed_retry_replay_and_purge(db, relays, workdir):
     res = cli(db, "failed", "retry", "--id", str(poison[0]))
     assert res.stdout.splitlines()[0] == (f"retried 1 dead-lettered events; they are pending again, attempts reset "
                                           f"to 0 (ids: {poison[0]})")
-    wait_until(lambda: poison[0] in ids_in(out), message="retried id delivered")
+    # The line reaches the sink before the mark is written (publish, then complete).
+    wait_until(lambda: poison[0] in ids_in(out) and db.scalar(
+        "SELECT processed_at IS NOT NULL FROM outbox_events WHERE id = %s", (poison[0],)),
+        message="retried id delivered and marked")
     row = db.query("SELECT attempts, dead_lettered_at, processed_at IS NOT NULL, last_error FROM outbox_events "
                    "WHERE id = %s", (poison[0],))[0]
     assert row[:3] == (0, None, True)
