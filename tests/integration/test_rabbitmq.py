@@ -122,7 +122,9 @@ def test_node_killed_mid_drain_and_restarted_nothing_lost_duplicates_reported(db
 def test_unroutable_and_oversized_events_are_dead_lettered_at_once_and_the_rest_flow(db, relays, rabbitmq):
     exchange, queue = unique("outbox"), unique("orders")
     rabbitmq.declare(exchange, queue, "order.#")
-    relay = relays(base_config(db, rabbitmq_sink(rabbitmq.url, exchange), max_attempts=5))
+    # A broker settled long ago (recovery_grace 0s): unroutable is permanent at once. The next test
+    # covers the grace.
+    relay = relays(base_config(db, rabbitmq_sink(rabbitmq.url, exchange, recovery_grace="0s"), max_attempts=5))
     relay.wait_log("ordering lanes rebalanced")
     big = {"blob": "x" * 1_500_000}  # over the node's max_message_size (1 MiB)
     ids = db.insert([("order.a", "k1", {"n": 1}),
@@ -155,6 +157,91 @@ def test_unroutable_and_oversized_events_are_dead_lettered_at_once_and_the_rest_
     assert "NO_ROUTE" in failed.stdout and "PRECONDITION_FAILED" in failed.stdout
     assert relay.alive()
     print(f"\nlast_error: {unroutable[8][:120]} | {oversized[8][:120]}; {result['duplicates']} duplicates")
+
+
+def test_unroutable_events_retry_within_the_recovery_grace_then_dead_letter(db, relays, rabbitmq):
+    """Right after the sink connects, NO_ROUTE retries (a restarted broker may still be recovering
+    its bindings, a consumer may not have declared its queue yet); a binding that appears within
+    recovery_grace gets the events, in key order; a route still missing after it dead-letters."""
+    exchange, queue, late_queue = unique("outbox"), unique("orders"), unique("late")
+    rabbitmq.declare(exchange, queue, "order.#")
+    grace = 8.0
+    started = db.scalar("SELECT now()")
+    relay = relays(base_config(db, rabbitmq_sink(rabbitmq.url, exchange, recovery_grace=f"{grace:g}s"),
+                               max_attempts=100, backoff={"initial": "200ms", "max": "400ms"}))
+    relay.wait_log("ordering lanes rebalanced")
+    ids = db.insert([("late.a", "k1", {"n": 1}),   # no binding yet: returned NO_ROUTE
+                     ("late.a", "k1", {"n": 2}),   # held behind n=1 (same key)
+                     ("never.x", "k2", {"n": 3}),  # never bound
+                     ("order.a", "k3", {"n": 4})])
+    wait_until(lambda: db.scalar(f"SELECT attempts > 0 FROM outbox_events WHERE id = {ids[0]}"),
+               timeout=30, message="the unroutable event retried")
+    rows = rows_by_id(db)
+    # rows: topic, aggregate_id, payload, headers, created_at, processed_at, attempts, dead_lettered_at, last_error
+    first = rows[ids[0]]
+    assert first[7] is None, "not dead-lettered within the grace"
+    assert first[8].startswith("rabbitmq: returned by the broker: NO_ROUTE (312)"), first[8]
+    assert f"less than recovery_grace {grace:g}s" in first[8], first[8]
+    assert rows[ids[1]][5] is None, "n=2 is not delivered before n=1"
+    rabbitmq.declare(exchange, late_queue, "late.#")  # the consumer's queue appears
+    wait_until(lambda: pending(db) == 0, timeout=60, message="no pending rows")
+
+    rows = rows_by_id(db)
+    for oid in (ids[0], ids[1], ids[3]):
+        assert rows[oid][5] is not None and rows[oid][7] is None, f"event {oid} was delivered"
+    assert rows[ids[3]][6] == 0, "a routable event flows at once"
+    late = read_queue(rabbitmq, late_queue)
+    assert check_order(late)["ids"] == {ids[0], ids[1]}
+    assert [m.outbox_id for m in late][:2] == [ids[0], ids[1]], "k1 in id order"
+    assert check_order(read_queue(rabbitmq, queue))["ids"] == {ids[3]}
+    never = rows[ids[2]]
+    assert never[7] is not None and never[5] is None, "still unroutable after the grace: dead-lettered"
+    assert never[6] >= 2, "retried within the grace before it was dead-lettered"
+    assert never[8].startswith("rabbitmq: returned by the broker: NO_ROUTE (312)") and "retried" not in never[8]
+    assert (never[7] - started).total_seconds() >= grace, "dead-lettered only once the grace had passed"
+    assert relay.alive()
+    print(f"\nnever-routed event dead-lettered {(never[7] - started).total_seconds():.1f}s after the relay "
+          f"started, at attempt {never[6]}; the late binding's events delivered at attempt {rows[ids[0]][6]}")
+
+
+def test_a_route_that_vanishes_while_connected_retries_within_the_grace_others_dead_letter(db, relays, rabbitmq):
+    """On a settled connection, NO_ROUTE for an exchange and routing key that routed a message less
+    than recovery_grace ago retries (in a cluster, a restarting node's classic queues vanish from
+    its peers' routing until it is back); a route that never routed dead-letters at once."""
+    exchange, queue = unique("outbox"), unique("orders")
+    rabbitmq.declare(exchange, queue, "order.#")
+    grace = 4.0
+    relay = relays(base_config(db, rabbitmq_sink(rabbitmq.url, exchange, recovery_grace=f"{grace:g}s"),
+                               max_attempts=100, backoff={"initial": "200ms", "max": "400ms"}))
+    relay.wait_log("rabbitmq connected")
+    time.sleep(grace + 0.5)  # the connection has settled
+    first = db.insert([("order.a", "k1", {"n": 1})])[0]
+    wait_until(lambda: pending(db) == 0, timeout=30, message="the first event delivered")
+    conn = rabbitmq.connection()
+    try:
+        conn.channel().queue_unbind(queue, exchange, routing_key="order.#")  # the queue vanishes from routing
+    finally:
+        conn.close()
+    ids = db.insert([("order.a", "k1", {"n": 2}),   # order.a routed just now: retried
+                     ("order.b", "k2", {"n": 3})])  # order.b never routed: dead-lettered at once
+    wait_until(lambda: db.scalar(f"SELECT attempts > 0 FROM outbox_events WHERE id = {ids[0]}"),
+               timeout=30, message="the vanished route's event retried")
+    wait_until(lambda: db.scalar(f"SELECT dead_lettered_at IS NOT NULL FROM outbox_events WHERE id = {ids[1]}"),
+               timeout=30, message="the never-routed event dead-lettered")
+    rows = rows_by_id(db)
+    # rows: topic, aggregate_id, payload, headers, created_at, processed_at, attempts, dead_lettered_at, last_error
+    retried, dead = rows[ids[0]], rows[ids[1]]
+    assert retried[7] is None and "retried: this exchange and routing key routed a message" in retried[8], retried[8]
+    assert dead[6] == 1 and dead[8].startswith("rabbitmq: returned by the broker: NO_ROUTE (312)"), dead
+    assert "retried" not in dead[8]
+    rabbitmq.declare(exchange, queue, "order.#")  # the node is back
+    wait_until(lambda: pending(db) == 0, timeout=30, message="no pending rows")
+    rows = rows_by_id(db)
+    assert rows[ids[0]][5] is not None and rows[ids[0]][7] is None, "delivered once its route was back"
+    messages = read_queue(rabbitmq, queue)
+    assert check_order(messages)["ids"] == {first, ids[0]}
+    assert relay.alive()
+    print(f"\nvanished route: delivered at attempt {rows[ids[0]][6]}; never-routed: {dead[8][:90]}")
 
 
 def test_bad_rabbitmq_config_exits_2_naming_the_key(db, workdir):

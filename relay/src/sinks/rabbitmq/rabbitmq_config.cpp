@@ -142,6 +142,11 @@ RabbitmqSinkConfig parse_rabbitmq_sink(config::Section& s) {
     throw ConfigError(s.key_path("timeout") + ": expected 100ms to 10m, got " + config::format_duration(c.timeout));
   }
   c.max_in_flight = static_cast<int>(s.integer_or("max_in_flight", c.max_in_flight, 1, kMaxRabbitmqInFlight));
+  c.recovery_grace = s.duration_or("recovery_grace", c.recovery_grace);
+  if (c.recovery_grace > std::chrono::hours{1}) {
+    throw ConfigError(s.key_path("recovery_grace") + ": expected 0s to 1h, got " +
+                      config::format_duration(c.recovery_grace));
+  }
   return c;
 }
 
@@ -150,7 +155,8 @@ nlohmann::json describe_rabbitmq_sink(const RabbitmqSinkConfig& c) {
           {"exchange", c.exchange},
           {"routing_key", c.routing_key},
           {"timeout", config::format_duration(c.timeout)},
-          {"max_in_flight", c.max_in_flight}};
+          {"max_in_flight", c.max_in_flight},
+          {"recovery_grace", config::format_duration(c.recovery_grace)}};
 }
 
 }  // namespace outbox::sinks

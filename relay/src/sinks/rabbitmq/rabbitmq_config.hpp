@@ -5,6 +5,8 @@
 //   routing_key: "{topic}"                   template: {topic} and {key} (the aggregate_id)
 //   timeout: 5s                              connect/login, and the wait for a batch's confirms
 //   max_in_flight: 1000                      published events without a confirm yet (1..65535)
+//   recovery_grace: 30s                      NO_ROUTE / NOT_FOUND retry until the broker has been
+//                                            reachable this long, then dead-letter (0s..1h)
 #include <chrono>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
@@ -33,6 +35,9 @@ struct RabbitmqSinkConfig {
   // confirms of its batch (events without a confirm then retry and the connection is replaced).
   std::chrono::milliseconds timeout{5'000};
   int max_in_flight = 1000;
+  // NO_ROUTE and NOT_FOUND dead-letter an event only once the broker has been reachable, without
+  // a lost connection, for this long; before that they retry (classify_amqp_reply).
+  std::chrono::milliseconds recovery_grace{30'000};
   // The config path of this sink (e.g. "sinks[1]"), for errors that name the key.
   std::string key_path;
 };
@@ -41,7 +46,7 @@ inline constexpr int kMaxRabbitmqInFlight = 65535;
 // AMQP 0-9-1 short strings: exchange names and routing keys are at most 255 bytes.
 inline constexpr std::size_t kMaxAmqpShortString = 255;
 
-// Reads url, exchange, routing_key, timeout and max_in_flight from a sink entry and registers the
+// Reads url, exchange, routing_key, timeout, max_in_flight and recovery_grace from a sink entry and registers the
 // URL's password with the log redactor before anything can print it. Throws config::ConfigError
 // naming the key.
 RabbitmqSinkConfig parse_rabbitmq_sink(config::Section& section);

@@ -29,17 +29,20 @@ enum class AmqpReply : int {
 
 }  // namespace
 
-AmqpErrorClass classify_amqp_reply(int code) {
+AmqpErrorClass classify_amqp_reply(int code, bool settled) {
   // Exhaustive over the spec's reply codes, with no default: adding a code to the enum fails the
   // build (-Wswitch, -Werror) until someone decides what it means.
   switch (static_cast<AmqpReply>(code)) {
     // The event itself cannot be published as it is: re-sending it unchanged cannot succeed.
     case AmqpReply::kContentTooLarge:     // the message exceeds what the broker accepts
-    case AmqpReply::kNoRoute:             // mandatory message, no queue bound for its routing key
     case AmqpReply::kAccessRefused:       // the user may not write to this exchange
-    case AmqpReply::kNotFound:            // the exchange the template names does not exist
     case AmqpReply::kPreconditionFailed:  // RabbitMQ: message larger than max_message_size
       return AmqpErrorClass::kPermanent;
+
+    // The topology the event needs is not there: permanent once the broker has settled.
+    case AmqpReply::kNoRoute:   // mandatory message, no queue bound for its routing key
+    case AmqpReply::kNotFound:  // the exchange the template names does not exist
+      return settled ? AmqpErrorClass::kPermanent : AmqpErrorClass::kRetry;
 
     // Transient, or a broker/connection condition that is not this event's fault (an operator
     // fixes it without touching the row). Retry with backoff; max_attempts still dead-letters.

@@ -31,6 +31,7 @@ constexpr milliseconds kKeeperInterval{1000};  // between batches: notice a lost
 constexpr milliseconds kWatchdogGrace{250};    // our own waits end at the deadline; a stuck call after this
 constexpr std::size_t kMaxHeaderKey = 128;     // rabbitmq-c's limit for a table key
 constexpr std::size_t kMaxHeadersBytes = 64 * 1024;  // the content header must fit in one frame
+constexpr std::size_t kMaxRoutesRemembered = 65536;  // routing keys with {key} may be one per aggregate
 
 struct ConnectionDeleter {
   void operator()(amqp_connection_state_t_* connection) const { amqp_destroy_connection(connection); }
@@ -165,6 +166,14 @@ struct RabbitmqSink::Impl {
   std::uint64_t next_tag = 1;  // the delivery tag the broker gives the next publish on the channel
   SteadyClock::time_point last_connect_attempt{};
   std::string last_connect_error;  // logged once per new error, not per attempt
+  // NO_ROUTE and NOT_FOUND dead-letter an event only once the broker has settled: it has been
+  // reachable for recovery_grace without a lost connection (the sink's own drop after a channel
+  // error does not count), and the event's exchange and routing key have not routed a message
+  // within recovery_grace (in a cluster, a node's peers forget its classic queues while it is
+  // down: their routes return NO_ROUTE on a connection to another node until it is back).
+  SteadyClock::time_point reachable_since{};
+  bool lost = true;
+  std::unordered_map<std::string, SteadyClock::time_point> routed_at;  // by route_of()
 
   std::atomic<bool> up{false};
   std::atomic<std::uint64_t> opened{0};
@@ -211,6 +220,7 @@ struct RabbitmqSink::Impl {
     }
     if (!error.empty()) {
       up = false;
+      lost = true;
       if (error != last_connect_error) {
         log::warn("rabbitmq: cannot connect; events retry until it can",
                   {{"sink", name}, {"url", config.url_for_logs}, {"error", error}});
@@ -222,6 +232,8 @@ struct RabbitmqSink::Impl {
     next_tag = 1;
     ++opened;
     up = true;
+    if (lost) reachable_since = SteadyClock::now();
+    lost = false;
     last_connect_error.clear();
     log::info("rabbitmq connected", {{"sink", name}, {"url", config.url_for_logs}, {"channel", kChannel}});
     return true;
@@ -264,10 +276,12 @@ struct RabbitmqSink::Impl {
     return error;
   }
 
-  void drop(const std::string& why) {
+  // lost: the broker or the network ended the connection (not the sink, after a channel error).
+  void drop(const std::string& why, bool lost_connection = true) {
     if (!connection) return;
     connection.reset();  // closes the socket; unconfirmed publishes are the caller's to retry
     up = false;
+    if (lost_connection) lost = true;
     log::warn("rabbitmq connection dropped", {{"sink", name}, {"reason", why}});
   }
 
@@ -346,15 +360,62 @@ struct RabbitmqSink::Impl {
     }
   };
 
-  Outcome returned_outcome(const Returned& r) const {
-    std::string reason = std::string("returned by the broker: ") + amqp_reply_name(r.code) + " (" +
-                         std::to_string(r.code) + "): " + r.text + " (exchange '" + r.exchange + "', routing key '" +
-                         r.routing_key + "')";
-    switch (classify_amqp_reply(r.code)) {
-      case AmqpErrorClass::kPermanent: return Outcome::permanent(std::move(reason));
-      case AmqpErrorClass::kRetry: return Outcome::retry(std::move(reason));
+  static std::string route_of(const std::string& exchange, const std::string& routing_key) {
+    return exchange + '\0' + routing_key;
+  }
+
+  // Remembers when the batch's delivered events routed (at most kMaxRoutesRemembered routes:
+  // forgetting one only makes its NO_ROUTE permanent sooner).
+  void remember_routes(const Batch& b) {
+    const auto now = SteadyClock::now();
+    const std::string* last_exchange = nullptr;
+    const std::string* last_key = nullptr;
+    for (std::size_t i = 0; i < b.events.size(); ++i) {
+      if (!b.results[i] || b.results[i]->kind != OutcomeKind::kDelivered) continue;
+      if (last_exchange && *last_exchange == b.exchanges[i] && *last_key == b.routing_keys[i]) continue;
+      last_exchange = &b.exchanges[i];
+      last_key = &b.routing_keys[i];
+      if (routed_at.size() >= kMaxRoutesRemembered) {
+        std::erase_if(routed_at, [&](const auto& r) { return now - r.second >= config.recovery_grace; });
+        if (routed_at.size() >= kMaxRoutesRemembered) routed_at.clear();
+      }
+      routed_at[route_of(*last_exchange, *last_key)] = now;
+    }
+  }
+
+  // The outcome of the event whose publish got reply code `code` (a return, or the channel.close
+  // it caused) on the given route.
+  Outcome reply_outcome(int code, std::string reason, const std::string& exchange,
+                        const std::string& routing_key) const {
+    const auto now = SteadyClock::now();
+    const auto ago = [](SteadyClock::duration d) {
+      return config::format_duration(std::chrono::duration_cast<milliseconds>(d));
+    };
+    const std::string grace = ", less than recovery_grace " + config::format_duration(config.recovery_grace);
+    std::string unsettled;  // why the broker has not settled yet, or ""
+    if (now - reachable_since < config.recovery_grace) {
+      unsettled = "the broker has been reachable for " + ago(now - reachable_since) + grace +
+                  " (it may still be recovering its queues and bindings)";
+    } else if (auto it = routed_at.find(route_of(exchange, routing_key));
+               it != routed_at.end() && now - it->second < config.recovery_grace) {
+      unsettled = "this exchange and routing key routed a message " + ago(now - it->second) + " ago" + grace +
+                  " (a node holding its queue may be restarting)";
+    }
+    if (classify_amqp_reply(code, unsettled.empty()) == AmqpErrorClass::kPermanent) {
+      return Outcome::permanent(std::move(reason));
+    }
+    if (!unsettled.empty() && classify_amqp_reply(code, true) == AmqpErrorClass::kPermanent) {
+      reason += "; retried: " + unsettled;
     }
     return Outcome::retry(std::move(reason));
+  }
+
+  Outcome returned_outcome(const Returned& r) const {
+    return reply_outcome(r.code,
+                         std::string("returned by the broker: ") + amqp_reply_name(r.code) + " (" +
+                             std::to_string(r.code) + "): " + r.text + " (exchange '" + r.exchange +
+                             "', routing key '" + r.routing_key + "')",
+                         r.exchange, r.routing_key);
   }
 
   void confirm(Batch& b, std::uint64_t tag, bool multiple, bool ack) {
@@ -580,15 +641,12 @@ struct RabbitmqSink::Impl {
         // One at a time, the one in flight caused it; pipelined, anything unconfirmed may have.
         if (one_at_a_time && b.in_flight == 1) {
           const std::size_t culprit = b.tagged.back();
-          switch (classify_amqp_reply(stop.code)) {
-            case AmqpErrorClass::kPermanent: b.set(culprit, Outcome::permanent(stop.reason)); break;
-            case AmqpErrorClass::kRetry: b.set(culprit, Outcome::retry(stop.reason)); break;
-          }
+          b.set(culprit, reply_outcome(stop.code, stop.reason, b.exchanges[culprit], b.routing_keys[culprit]));
           one_at_a_time = false;
         } else {
           one_at_a_time = true;
         }
-        drop(stop.reason);
+        drop(stop.reason, /*lost_connection=*/false);
         continue;
       }
       failure = stop.reason;
@@ -597,6 +655,7 @@ struct RabbitmqSink::Impl {
     // publish() must never return with a connection whose publishes are unconfirmed: a late
     // confirm would be read as one of the next batch's.
     if (!failure.empty()) drop(failure);
+    remember_routes(b);
     lock.unlock();
 
     std::vector<Outcome> outcomes;

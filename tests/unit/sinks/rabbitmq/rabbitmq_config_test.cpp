@@ -49,6 +49,7 @@ TEST_CASE("rabbitmq config: defaults and every key") {
   CHECK(d.routing_key == "{topic}");
   CHECK(d.timeout == std::chrono::seconds{5});
   CHECK(d.max_in_flight == 1000);
+  CHECK(d.recovery_grace == std::chrono::seconds{30});
   CHECK(d.key_path == "sinks[0]");
   CHECK(d.url_for_logs == "amqp://broker");
 
@@ -57,7 +58,8 @@ TEST_CASE("rabbitmq config: defaults and every key") {
       "    exchange: 'events.{topic}'\n"
       "    routing_key: '{topic}.{key}'\n"
       "    timeout: 2s\n"
-      "    max_in_flight: 64\n",
+      "    max_in_flight: 64\n"
+      "    recovery_grace: 0s\n",
       env_of({{"RMQ_PW", "p%40ss-word-1"}}));
   CHECK(f.host == "127.0.0.1");
   CHECK(f.port == 5673);
@@ -68,6 +70,7 @@ TEST_CASE("rabbitmq config: defaults and every key") {
   CHECK(f.routing_key == "{topic}.{key}");
   CHECK(f.timeout == std::chrono::seconds{2});
   CHECK(f.max_in_flight == 64);
+  CHECK(f.recovery_grace == std::chrono::milliseconds{0});
   CHECK(f.url_for_logs == "amqp://relay:*****@127.0.0.1:5673/orders%2Fprod");
 
   // "" is the default exchange: routing key = queue name.
@@ -85,6 +88,7 @@ TEST_CASE("rabbitmq config: the password is masked in describe() and in every lo
   CHECK(j["routing_key"] == "{topic}");
   CHECK(j["timeout"] == "5s");
   CHECK(j["max_in_flight"] == 1000);
+  CHECK(j["recovery_grace"] == "30s");
   CHECK(log::redact("login as relay:s3cr3t-rabbit-pw refused") == "login as relay:***** refused");
 
   // A URL without a password, and one whose password holds '@' and ':' (percent-encoded).
@@ -113,6 +117,10 @@ TEST_CASE("rabbitmq config: errors name the key and what was expected") {
         "sinks[0].timeout: expected 100ms to 10m, got 10ms");
   CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    max_in_flight: 0\n").find("sinks[0].max_in_flight:") == 0);
   CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    max_in_flight: 70000\n").find("sinks[0].max_in_flight:") ==
+        0);
+  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    recovery_grace: 2h\n") ==
+        "sinks[0].recovery_grace: expected 0s to 1h, got 2h");
+  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    recovery_grace: soon\n").find("sinks[0].recovery_grace:") ==
         0);
   CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    exchang: y\n").find("sinks[0].exchang: unknown key") == 0);
   // The URL (it may carry a password) never appears in an error.
