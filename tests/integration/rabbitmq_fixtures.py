@@ -20,7 +20,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from conftest import free_ports
+from conftest import free_ports, make_tls_files
 
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 EPMD = shutil.which("epmd") or "/usr/bin/epmd"
@@ -34,9 +34,12 @@ class RabbitServer:
     def __init__(self, directory: Path, max_message_size: int = 1_048_576):
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
-        # Chosen together, once: the AMQP, epmd and distribution ports must differ, and stay the
-        # same across restarts.
-        self.port, self.epmd_port, self.dist_port = free_ports(3)
+        # Chosen together, once: the AMQP, AMQPS, epmd and distribution ports must differ, and stay
+        # the same across restarts.
+        self.port, self.tls_port, self.epmd_port, self.dist_port = free_ports(4)
+        # The AMQPS listener: a certificate for 127.0.0.1 from a CA of the test's; clients must
+        # present a certificate of the same CA.
+        self.tls = make_tls_files(self.dir / "tls")
         self.user = "relay"
         self.password = "rmq-" + uuid.uuid4().hex  # a secret the tests look for in the relay's logs
         self.max_message_size = max_message_size
@@ -46,6 +49,9 @@ class RabbitServer:
     @property
     def url(self) -> str:
         return f"amqp://{self.user}:{self.password}@127.0.0.1:{self.port}/"
+
+    def tls_url(self, host="127.0.0.1") -> str:
+        return f"amqps://{self.user}:{self.password}@{host}:{self.tls_port}/"
 
     def _env(self) -> dict:
         d = self.dir
@@ -72,7 +78,13 @@ class RabbitServer:
             f"default_pass = {self.password}\n"
             "loopback_users = none\n"
             "disk_free_limit.absolute = 10MB\n"
-            f"max_message_size = {self.max_message_size}\n")
+            f"max_message_size = {self.max_message_size}\n"
+            f"listeners.ssl.default = 127.0.0.1:{self.tls_port}\n"
+            f"ssl_options.cacertfile = {self.tls['ca']}\n"
+            f"ssl_options.certfile = {self.tls['cert']}\n"
+            f"ssl_options.keyfile = {self.tls['key']}\n"
+            "ssl_options.verify = verify_peer\n"
+            "ssl_options.fail_if_no_peer_cert = true\n")
         if self.epmd is None or self.epmd.poll() is not None:
             # Our own epmd in the foreground: a node would otherwise start a daemon that outlives it.
             self.epmd = subprocess.Popen([EPMD, "-port", str(self.epmd_port), "-address", "127.0.0.1"],

@@ -138,24 +138,6 @@ def check_order(entries: list[Entry]) -> dict:
     return {"duplicates": duplicates, "ids": seen}
 
 
-def make_tls_files(directory: Path) -> dict:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl."""
-    directory.mkdir(parents=True, exist_ok=True)
-
-    def run(*args):
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-        "-subj", "/CN=outbox-test-ca")
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-            "-subj", f"/CN=outbox-test-{name}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
-    return {"ca": str(directory / "ca.pem"), "cert": str(directory / "server.pem"), "key": str(directory / "server.key"),
-            "client_cert": str(directory / "client.pem"), "client_key": str(directory / "client.key")}
-
-
 def _new_server(**kwargs) -> RedisServer:
     base = Path(tempfile.mkdtemp(prefix="outbox-redis-"))
     return RedisServer(base / "redis", **kwargs)

@@ -10,9 +10,8 @@ import urllib.error
 import urllib.request
 import uuid
 
-from conftest import Writers, base_config, free_port, run_cli, run_config, wait_until
-from redis_fixtures import (check_order, entry_headers, make_tls_files, own_redis_server, read_stream,  # noqa: F401
-                            redis_server)
+from conftest import Writers, base_config, free_port, make_tls_files, run_cli, run_config, wait_until
+from redis_fixtures import check_order, entry_headers, own_redis_server, read_stream, redis_server  # noqa: F401
 
 
 def redis_sink(url, stream="outbox.{topic}", **extra):
@@ -253,7 +252,7 @@ def test_bad_redis_config_exits_2_naming_the_key(db, workdir):
         (redis_sink("redis://127.0.0.1", maxlen=0)[0], "sinks[0].maxlen: expected a whole number"),
         (redis_sink("redis://127.0.0.1", timeout="10ms")[0], "sinks[0].timeout: expected a duration from 100ms"),
         (redis_sink("redis://127.0.0.1", tls={"ca_file": "/nonexistent.pem"})[0],
-         "sinks[0].tls: TLS settings need a rediss:// url"),
+         "sinks[0].tls: TLS settings apply to rediss:// urls only"),
         (redis_sink("rediss://127.0.0.1", tls={"ca_file": "/nonexistent.pem"})[0],
          "sinks[0].tls.ca_file: cannot read /nonexistent.pem"),
         (redis_sink("redis://127.0.0.1", streams="x")[0], "sinks[0].streams: unknown key"),

@@ -109,13 +109,10 @@ RabbitmqSinkConfig parse_rabbitmq_sink(config::Section& s) {
   c.url_for_logs = mask_url_password(c.url);
   // Never echo the URL in an error: it may carry a password.
   if (rc != AMQP_STATUS_OK) {
-    throw ConfigError(s.key_path("url") + ": expected amqp://user:password@host:port/vhost (" +
+    throw ConfigError(s.key_path("url") + ": expected amqp://user:password@host:port/vhost or amqps://... for TLS (" +
                       amqp_error_string2(rc) + ")");
   }
-  if (info.ssl) {
-    throw ConfigError(s.key_path("url") +
-                      ": amqps:// (TLS) is not supported by this build's rabbitmq sink; expected amqp://");
-  }
+  c.tls = info.ssl != 0;
   if (!info.host || !*info.host) throw ConfigError(s.key_path("url") + ": the URL has no host");
   c.host = info.host;
   c.port = info.port;
@@ -147,16 +144,19 @@ RabbitmqSinkConfig parse_rabbitmq_sink(config::Section& s) {
     throw ConfigError(s.key_path("recovery_grace") + ": expected 0s to 1h, got " +
                       config::format_duration(c.recovery_grace));
   }
+  c.tls_files = parse_tls_files(s, c.tls, "amqps://");
   return c;
 }
 
 nlohmann::json describe_rabbitmq_sink(const RabbitmqSinkConfig& c) {
-  return {{"url", c.url_for_logs},
-          {"exchange", c.exchange},
-          {"routing_key", c.routing_key},
-          {"timeout", config::format_duration(c.timeout)},
-          {"max_in_flight", c.max_in_flight},
-          {"recovery_grace", config::format_duration(c.recovery_grace)}};
+  nlohmann::json j{{"url", c.url_for_logs},
+                   {"exchange", c.exchange},
+                   {"routing_key", c.routing_key},
+                   {"timeout", config::format_duration(c.timeout)},
+                   {"max_in_flight", c.max_in_flight},
+                   {"recovery_grace", config::format_duration(c.recovery_grace)}};
+  if (c.tls) j["tls"] = describe_tls_files(c.tls_files);
+  return j;
 }
 
 }  // namespace outbox::sinks

@@ -1,16 +1,20 @@
 #pragma once
 // type: rabbitmq. The sink's typed settings and its strict YAML reader. No rabbitmq-c types here.
-//   url: amqp://user:pass@host:5672/vhost   required (amqp:// only; the password is masked in logs)
+//   url: amqp://user:pass@host:5672/vhost   required (amqps://, port 5671 by default, for TLS; the
+//                                            password is masked in logs)
 //   exchange: "outbox"                       required, template: {topic}; "" is the default exchange
 //   routing_key: "{topic}"                   template: {topic} and {key} (the aggregate_id)
 //   timeout: 5s                              connect/login, and the wait for a batch's confirms
 //   max_in_flight: 1000                      published events without a confirm yet (1..65535)
 //   recovery_grace: 30s                      NO_ROUTE / NOT_FOUND retry until the broker has been
 //                                            reachable this long, then dead-letter (0s..1h)
+//   tls: {ca_file, cert_file, key_file, insecure_skip_verify}   only with amqps:// (sinks/tls_client.hpp)
 #include <chrono>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
+
+#include "sinks/tls_client.hpp"
 
 namespace outbox::config {
 class Section;
@@ -22,6 +26,7 @@ struct RabbitmqSinkConfig {
   std::string url;           // as configured: may carry a password, never log it
   std::string url_for_logs;  // the same URL with the password replaced by *****
   // The parts of url, as amqp_parse_url() decodes them.
+  bool tls = false;  // amqps://
   std::string host;
   int port = 5672;
   std::string vhost = "/";
@@ -35,6 +40,7 @@ struct RabbitmqSinkConfig {
   // confirms of its batch (events without a confirm then retry and the connection is replaced).
   std::chrono::milliseconds timeout{5'000};
   int max_in_flight = 1000;
+  TlsFiles tls_files;  // with amqps://: verification on unless insecure_skip_verify
   // NO_ROUTE and NOT_FOUND dead-letter an event only once the broker has been reachable, without
   // a lost connection, for this long; before that they retry (classify_amqp_reply).
   std::chrono::milliseconds recovery_grace{30'000};
@@ -46,7 +52,7 @@ inline constexpr int kMaxRabbitmqInFlight = 65535;
 // AMQP 0-9-1 short strings: exchange names and routing keys are at most 255 bytes.
 inline constexpr std::size_t kMaxAmqpShortString = 255;
 
-// Reads url, exchange, routing_key, timeout, max_in_flight and recovery_grace from a sink entry and registers the
+// Reads url, exchange, routing_key, timeout, max_in_flight, recovery_grace and tls from a sink entry and registers the
 // URL's password with the log redactor before anything can print it. Throws config::ConfigError
 // naming the key.
 RabbitmqSinkConfig parse_rabbitmq_sink(config::Section& section);

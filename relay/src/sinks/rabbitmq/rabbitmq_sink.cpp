@@ -2,6 +2,7 @@
 
 #include <amqp.h>
 #include <amqp_framing.h>
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 #include <sys/socket.h>
 
@@ -18,6 +19,7 @@
 #include "core/key_holds.hpp"
 #include "log/log.hpp"
 #include "sinks/rabbitmq/rabbitmq_outcomes.hpp"
+#include "sinks/tls_client.hpp"
 
 namespace outbox::sinks {
 namespace {
@@ -166,6 +168,7 @@ struct RabbitmqSink::Impl {
   std::uint64_t next_tag = 1;  // the delivery tag the broker gives the next publish on the channel
   SteadyClock::time_point last_connect_attempt{};
   std::string last_connect_error;  // logged once per new error, not per attempt
+  std::string tls_verify_error;    // the handshake's certificate check failure (configure_client_tls)
   // NO_ROUTE and NOT_FOUND dead-letter an event only once the broker has settled: it has been
   // reachable for recovery_grace without a lost connection (the sink's own drop after a channel
   // error does not count), and the event's exchange and routing key have not routed a message
@@ -205,15 +208,27 @@ struct RabbitmqSink::Impl {
     std::string error;
     ConnectionPtr c(amqp_new_connection());
     if (!c) throw std::bad_alloc();
-    amqp_socket_t* socket = amqp_tcp_socket_new(c.get());  // owned by the connection
+    // Owned by the connection.
+    amqp_socket_t* socket = config.tls ? amqp_ssl_socket_new(c.get()) : amqp_tcp_socket_new(c.get());
+    tls_verify_error.clear();
     if (!socket) {
       error = "cannot create a socket";
-    } else {
+    } else if (config.tls) {
+      // Our context checks the chain and the host name (DNS names and IP literals), so the
+      // handshake fails on a bad certificate; rabbitmq-c's own checks after it would repeat ours
+      // (and its name check knows DNS names only).
+      error = configure_client_tls(static_cast<SSL_CTX*>(amqp_ssl_socket_get_context(socket)), config.tls_files,
+                                   config.host, &tls_verify_error);
+      amqp_ssl_socket_set_verify_peer(socket, 0);
+      amqp_ssl_socket_set_verify_hostname(socket, 0);
+    }
+    if (socket && error.empty()) {
       timeval tv = timeval_of(deadline - SteadyClock::now());
       const int rc = amqp_socket_open_noblock(socket, config.host.c_str(), config.port, &tv);
       if (rc != AMQP_STATUS_OK) {
         error = "cannot connect to " + config.host + ":" + std::to_string(config.port) + ": " +
                 amqp_error_string2(rc);
+        if (!tls_verify_error.empty()) error += ": certificate verification failed: " + tls_verify_error;
       } else {
         error = handshake(c.get(), deadline);
       }

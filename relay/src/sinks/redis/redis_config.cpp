@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "config/duration.hpp"
 #include "config/section.hpp"
@@ -126,36 +124,6 @@ void parse_url(config::Section& s, RedisSinkConfig& c) {
                     std::to_string(c.port) + "/" + std::to_string(c.db);
 }
 
-void check_pem(const config::Section& tls, const std::string& key, const std::string& path, const char* marker) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(tls.key_path(key) + ": cannot read " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (text.str().find(marker) == std::string::npos) {
-    throw ConfigError(tls.key_path(key) + ": expected a PEM file (" + marker + "), in " + path);
-  }
-}
-
-void parse_tls(config::Section& s, RedisSinkConfig& c) {
-  auto tls = s.section("tls");
-  if (!tls) return;
-  if (!c.tls) throw ConfigError(s.key_path("tls") + ": TLS settings need a rediss:// url");
-  c.tls_files.ca_file = tls->string_or("ca_file", "");
-  c.tls_files.cert_file = tls->string_or("cert_file", "");
-  c.tls_files.key_file = tls->string_or("key_file", "");
-  c.tls_files.insecure_skip_verify = tls->boolean_or("insecure_skip_verify", false);
-  tls->finish();
-  if (!c.tls_files.ca_file.empty()) check_pem(*tls, "ca_file", c.tls_files.ca_file, "-----BEGIN CERTIFICATE-----");
-  if (c.tls_files.cert_file.empty() != c.tls_files.key_file.empty()) {
-    throw ConfigError(tls->key_path(c.tls_files.cert_file.empty() ? "cert_file" : "key_file") +
-                      ": cert_file and key_file go together (a client certificate and its key)");
-  }
-  if (!c.tls_files.cert_file.empty()) {
-    check_pem(*tls, "cert_file", c.tls_files.cert_file, "-----BEGIN CERTIFICATE-----");
-    check_pem(*tls, "key_file", c.tls_files.key_file, "PRIVATE KEY-----");
-  }
-}
-
 }  // namespace
 
 std::optional<std::string> check_stream_template(const std::string& t) {
@@ -208,7 +176,7 @@ RedisSinkConfig parse_redis_sink(config::Section& s) {
     throw ConfigError(s.key_path("timeout") + ": expected a duration from 100ms to 10m, got " +
                       config::format_duration(c.timeout));
   }
-  parse_tls(s, c);
+  c.tls_files = parse_tls_files(s, c.tls, "rediss://");
   return c;
 }
 
@@ -218,10 +186,7 @@ nlohmann::json describe_redis_sink(const RedisSinkConfig& c) {
                    {"maxlen", c.maxlen ? nlohmann::json(*c.maxlen) : nlohmann::json(nullptr)},
                    {"timeout", config::format_duration(c.timeout)}};
   if (c.tls) {
-    j["tls"] = {{"ca_file", c.tls_files.ca_file},
-                {"cert_file", c.tls_files.cert_file},
-                {"key_file", c.tls_files.key_file},
-                {"insecure_skip_verify", c.tls_files.insecure_skip_verify}};
+    j["tls"] = describe_tls_files(c.tls_files);
   }
   return j;
 }

@@ -12,18 +12,13 @@
 #include <optional>
 #include <string>
 
+#include "sinks/tls_client.hpp"
+
 namespace outbox::config {
 class Section;
 }
 
 namespace outbox::sinks {
-
-struct RedisTlsConfig {
-  std::string ca_file;    // empty: the system's CA store; set: only the CAs in this PEM file
-  std::string cert_file;  // client certificate (PEM), for servers with tls-auth-clients yes
-  std::string key_file;   // its private key (PEM); required with cert_file
-  bool insecure_skip_verify = false;  // true: no certificate or host name check (never in production)
-};
 
 struct RedisSinkConfig {
   std::string url;           // as configured; may carry a password: log url_for_logs instead
@@ -38,7 +33,7 @@ struct RedisSinkConfig {
   std::string stream = "{topic}";
   std::optional<std::int64_t> maxlen;  // MAXLEN ~ N on every XADD
   std::chrono::milliseconds timeout{5'000};
-  RedisTlsConfig tls_files;
+  TlsFiles tls_files;
   std::string key_path;  // the config path of this sink (e.g. "sinks[1]"), for errors
 };
 

@@ -1,13 +1,11 @@
 #include "sinks/redis/redis_connection.hpp"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-#include <openssl/x509v3.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -33,23 +31,6 @@ using AddrPtr = std::unique_ptr<addrinfo, CFree<addrinfo, &free_addrinfo>>;
 int remaining_ms(Clock::time_point deadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::clamp<long long>(ms, 0, 600'000));
-}
-
-std::string ssl_error_text() {
-  std::string out;
-  while (const unsigned long e = ERR_get_error()) {
-    char text[256] = {};
-    ERR_error_string_n(e, text, sizeof text);
-    if (!out.empty()) out += "; ";
-    out += text;
-  }
-  return out.empty() ? "unknown TLS error" : out;
-}
-
-bool is_ip_literal(const std::string& host) {
-  in6_addr a6{};
-  in_addr a4{};
-  return inet_pton(AF_INET, host.c_str(), &a4) == 1 || inet_pton(AF_INET6, host.c_str(), &a6) == 1;
 }
 
 // Waits for fd to become ready for `events`. False on timeout or poll failure.
@@ -225,32 +206,11 @@ struct Connection::Impl {
   std::string tls_handshake(const RedisSinkConfig& c, Clock::time_point deadline) {
     ctx.reset(SSL_CTX_new(TLS_client_method()));
     if (!ctx) return "TLS: " + ssl_error_text();
-    SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
-    const auto& t = c.tls_files;
-    if (t.insecure_skip_verify) {
-      SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_NONE, nullptr);
-    } else {
-      SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
-      const int ok = t.ca_file.empty() ? SSL_CTX_set_default_verify_paths(ctx.get())
-                                       : SSL_CTX_load_verify_locations(ctx.get(), t.ca_file.c_str(), nullptr);
-      if (ok != 1) return "TLS: cannot load CA certificates: " + ssl_error_text();
-    }
-    if (!t.cert_file.empty()) {
-      if (SSL_CTX_use_certificate_chain_file(ctx.get(), t.cert_file.c_str()) != 1 ||
-          SSL_CTX_use_PrivateKey_file(ctx.get(), t.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
-        return "TLS: cannot load the client certificate or key: " + ssl_error_text();
-      }
-    }
+    if (auto error = configure_client_tls(ctx.get(), c.tls_files, c.host); !error.empty()) return error;
     ssl.reset(SSL_new(ctx.get()));
     if (!ssl) return "TLS: " + ssl_error_text();
     SSL_set_fd(ssl.get(), fd);
     if (!is_ip_literal(c.host)) SSL_set_tlsext_host_name(ssl.get(), c.host.c_str());
-    if (!t.insecure_skip_verify) {
-      X509_VERIFY_PARAM* param = SSL_get0_param(ssl.get());
-      const int ok = is_ip_literal(c.host) ? X509_VERIFY_PARAM_set1_ip_asc(param, c.host.c_str())
-                                           : X509_VERIFY_PARAM_set1_host(param, c.host.c_str(), 0);
-      if (ok != 1) return "TLS: cannot set the host name to verify";
-    }
     for (;;) {
       ERR_clear_error();
       const int rc = SSL_connect(ssl.get());

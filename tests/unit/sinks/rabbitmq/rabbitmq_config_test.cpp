@@ -77,6 +77,23 @@ TEST_CASE("rabbitmq config: defaults and every key") {
   CHECK(settings("    url: 'amqp://h'\n    exchange: ''\n").exchange.empty());
 }
 
+TEST_CASE("rabbitmq config: amqps:// is TLS, verified unless insecure_skip_verify") {
+  const auto plain = settings("    url: 'amqp://broker'\n    exchange: outbox\n");
+  CHECK_FALSE(plain.tls);
+  CHECK_FALSE(outbox::testing::describe_with_sinks(parse_sink("    url: 'amqp://broker'\n    exchange: x\n"))["sinks"][0]
+                  .contains("tls"));
+  const auto d = settings("    url: 'amqps://relay:pw-tls-1@broker/'\n    exchange: outbox\n");
+  CHECK(d.tls);
+  CHECK(d.port == 5671);  // the AMQPS port
+  CHECK(d.tls_files.ca_file.empty());  // the system CA store
+  CHECK_FALSE(d.tls_files.insecure_skip_verify);
+  const auto j = outbox::testing::describe_with_sinks(
+      parse_sink("    url: 'amqps://broker:5673/'\n    exchange: x\n    tls: {insecure_skip_verify: true}\n"))["sinks"][0];
+  CHECK(j["url"] == "amqps://broker:5673/");
+  CHECK(j["tls"]["insecure_skip_verify"] == true);
+  CHECK(j["tls"]["ca_file"] == "");
+}
+
 TEST_CASE("rabbitmq config: the password is masked in describe() and in every log line") {
   const auto c = parse_sink("    url: 'amqp://relay:s3cr3t-rabbit-pw@mq:5672/'\n    exchange: outbox\n");
   const auto all = outbox::testing::describe_with_sinks(c);
@@ -103,7 +120,10 @@ TEST_CASE("rabbitmq config: errors name the key and what was expected") {
   CHECK(error_of("    exchange: x\n") == "sinks[0].url: required, but missing");
   CHECK(error_of("    url: 'http://h'\n    exchange: x\n").find("sinks[0].url: expected amqp://") == 0);
   CHECK(error_of("    url: 'amqp://h:notaport'\n    exchange: x\n").find("sinks[0].url: expected amqp://") == 0);
-  CHECK(error_of("    url: 'amqps://h'\n    exchange: x\n").find("sinks[0].url: amqps:// (TLS) is not supported") == 0);
+  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    tls: {insecure_skip_verify: true}\n") ==
+        "sinks[0].tls: TLS settings apply to amqps:// urls only");
+  CHECK(error_of("    url: 'amqps://h'\n    exchange: x\n    tls: {ca_file: /nonexistent/ca.pem}\n") ==
+        "sinks[0].tls.ca_file: cannot read /nonexistent/ca.pem");
   CHECK(error_of("    url: 'amqp://h'\n").find("sinks[0].exchange: required, but missing") == 0);
   CHECK(error_of("    url: 'amqp://h'\n    exchange: 'a b'\n").find("sinks[0].exchange: unexpected ' '") == 0);
   CHECK(error_of("    url: 'amqp://h'\n    exchange: 'x.{key}'\n").find("sinks[0].exchange: unexpected '{'") == 0);

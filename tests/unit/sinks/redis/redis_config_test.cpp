@@ -130,7 +130,7 @@ TEST_CASE("redis config: every error names its key") {
       {"    url: redis://h\n    timeout: 50ms\n", "sinks[0].timeout: expected a duration from 100ms to 10m, got 50ms"},
       {"    url: redis://h\n    timeout: 11m\n", "sinks[0].timeout: expected a duration from 100ms to 10m"},
       {"    url: redis://h\n    timeout: soon\n", "sinks[0].timeout: expected a duration"},
-      {"    url: redis://h\n    tls: {insecure_skip_verify: true}\n", "sinks[0].tls: TLS settings need a rediss:// url"},
+      {"    url: redis://h\n    tls: {insecure_skip_verify: true}\n", "sinks[0].tls: TLS settings apply to rediss:// urls only"},
       {"    url: rediss://h\n    tls: {ca_file: /nonexistent/ca.pem}\n", "sinks[0].tls.ca_file: cannot read /nonexistent/ca.pem"},
       {"    url: rediss://h\n    tls: {ca_file: '" + not_pem + "'}\n", "sinks[0].tls.ca_file: expected a PEM file"},
       {"    url: rediss://h\n    tls: {cert_file: '" + ca + "'}\n", "sinks[0].tls.key_file: cert_file and key_file go together"},
