@@ -26,18 +26,10 @@ import time
 from pathlib import Path
 
 import nats
-import psycopg
 from nats.js.api import StreamConfig
 
-SEED_SQL = """
-INSERT INTO outbox_events (topic, aggregate_id, payload)
-SELECT 'order.paid', 'order-' || (g % 10000),
-       jsonb_build_object('order_id', g, 'amount_cents', (g * 7919) % 100000, 'currency', 'EUR',
-                          'customer', 'customer-' || (g % 977), 'paid_at', '2026-11-30T06:32:22Z',
-                          'items', (g % 5) + 1)
-FROM generate_series(1, {count}) AS g
-"""
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sink_drains import file_drain, seed, timed_drain  # noqa: E402
 
 def log(msg):
     print(f"[bench-nats {dt.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -49,11 +41,6 @@ class Bench:
         self.work = Path(a.work)
         self.logs = self.work / "logs"
         self.logs.mkdir(exist_ok=True)
-
-    def sql(self, statement, params=None):
-        with psycopg.connect(self.a.url, autocommit=True) as conn:
-            cur = conn.execute(statement, params)
-            return cur.fetchall() if cur.description else None
 
     async def _js(self, fn):
         nc = None
@@ -81,43 +68,6 @@ class Bench:
     def delete_stream(self, name):
         asyncio.run(self._js(lambda js: js.delete_stream(name)))
 
-    def seed(self, count):
-        self.sql("TRUNCATE outbox_events RESTART IDENTITY")
-        self.sql(SEED_SQL.format(count=int(count)))
-        self.sql("VACUUM ANALYZE outbox_events")
-        self.sql("CHECKPOINT")
-
-    def relay_drain(self, name, sink, rnd):
-        cfg = {"database": {"url": self.a.url}, "relay": {"batch_size": self.a.batch_size},
-               "http": {"enabled": False}, "log": {"level": self.a.relay_log_level}, "sinks": [sink]}
-        path = self.work / f"drain-{name}.yaml"
-        path.write_text(json.dumps(cfg, indent=2))  # JSON is YAML
-        n = self.a.events
-        max_id = self.sql("SELECT max(id) FROM outbox_events")[0][0]
-        probe = ("SELECT count(*) FROM outbox_events WHERE id > %s AND processed_at IS NULL "
-                 "AND dead_lettered_at IS NULL")
-        with psycopg.connect(self.a.url, autocommit=True) as conn, \
-                open(self.logs / f"relay-drain-{name}-{rnd}.log", "w") as log_file:
-            t0 = time.monotonic()
-            relay = subprocess.Popen([self.a.relay_bin, "run", "--config", str(path)], stdout=subprocess.DEVNULL,
-                                     stderr=log_file)
-            deadline = t0 + 600
-            t_done = None
-            while time.monotonic() < deadline and relay.poll() is None:
-                if conn.execute(probe, (max_id - 1000,)).fetchone()[0] == 0:
-                    t_done = time.monotonic()
-                    break
-                time.sleep(0.002)
-            relay.terminate()
-            code = relay.wait(timeout=30)
-        unprocessed = self.sql("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL")[0][0]
-        ok = t_done is not None and unprocessed == 0 and code == 0
-        out = {"events": n, "unprocessed_after": unprocessed, "relay_exit_code": code, "valid": ok}
-        if ok:
-            out["seconds"] = round(t_done - t0, 3)
-            out["rate"] = round(n / (t_done - t0), 1)
-        return out
-
     def drains(self):
         rounds = []
         for i in range(self.a.rounds):
@@ -125,22 +75,19 @@ class Bench:
             rnd = {"round": i + 1, "order": order}
             for system in order:
                 log(f"round {i + 1}: {system} drain of {self.a.events} events")
-                self.seed(self.a.events)
+                seed(self.a.url, self.a.events)
                 load_before = round(os.getloadavg()[0], 2)
+                log_path = self.logs / f"relay-drain-{system}-{i + 1}.log"
                 if system == "file":
-                    sink_path = self.work / "drain-sink.jsonl"
-                    sink_path.unlink(missing_ok=True)
-                    r = self.relay_drain("file", {"name": "file", "type": "file", "path": str(sink_path),
-                                                  "fsync": True}, i + 1)
-                    r["lines"] = sum(1 for _ in open(sink_path)) if sink_path.exists() else 0
-                    r["valid"] = r["valid"] and r["lines"] == self.a.events
-                    sink_path.unlink(missing_ok=True)
+                    r = file_drain(self.a.url, self.a.relay_bin, self.work, self.a.events, self.a.batch_size,
+                                   log_path, self.a.relay_log_level)
                 else:
                     stream = f"BENCH{i + 1}"
                     self.add_stream(stream, [f"bench.{i + 1}.>"])
-                    r = self.relay_drain("nats", {"name": "nats", "type": "nats", "url": self.a.nats,
-                                                  "subject": f"bench.{i + 1}.{{topic}}",
-                                                  "max_in_flight": self.a.max_in_flight}, i + 1)
+                    r = timed_drain(self.a.url, self.a.relay_bin, self.work, "nats",
+                                    {"name": "nats", "type": "nats", "url": self.a.nats,
+                                     "subject": f"bench.{i + 1}.{{topic}}", "max_in_flight": self.a.max_in_flight},
+                                    self.a.events, self.a.batch_size, log_path, self.a.relay_log_level)
                     r["in_stream"] = self.stream_count(stream)
                     r["valid"] = r["valid"] and r["in_stream"] == self.a.events
                     self.delete_stream(stream)

@@ -16,27 +16,16 @@ import datetime as dt
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import psycopg
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "bench"))
 from rabbitmq_fixtures import RabbitServer  # noqa: E402
-
-SEED_SQL = """
-INSERT INTO outbox_events (topic, aggregate_id, payload)
-SELECT 'order.paid', 'order-' || (g % 10000),
-       jsonb_build_object('order_id', g, 'amount_cents', (g * 7919) % 100000, 'currency', 'EUR',
-                          'customer', 'customer-' || (g % 977), 'paid_at', '2026-11-30T06:32:22Z',
-                          'items', (g % 5) + 1)
-FROM generate_series(1, {count}) AS g
-"""
-
+from sink_drains import file_drain, seed, timed_drain  # noqa: E402
 
 def log(msg):
     print(f"[bench-rabbitmq {dt.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -48,47 +37,6 @@ class Bench:
         self.work = Path(a.work)
         self.logs = self.work / "logs"
         self.logs.mkdir(exist_ok=True)
-
-    def sql(self, statement, params=None):
-        with psycopg.connect(self.a.url, autocommit=True) as conn:
-            cur = conn.execute(statement, params)
-            return cur.fetchall() if cur.description else None
-
-    def seed(self):
-        self.sql("TRUNCATE outbox_events RESTART IDENTITY")
-        self.sql(SEED_SQL.format(count=int(self.a.events)))
-        self.sql("VACUUM ANALYZE outbox_events")
-        self.sql("CHECKPOINT")
-
-    def drain(self, name, sink, rnd):
-        cfg = {"database": {"url": self.a.url}, "relay": {"batch_size": self.a.batch_size},
-               "http": {"enabled": False}, "log": {"level": "info"}, "sinks": [sink]}
-        path = self.work / f"drain-{name}.yaml"
-        path.write_text(json.dumps(cfg, indent=2))  # JSON is YAML
-        max_id = self.sql("SELECT max(id) FROM outbox_events")[0][0]
-        probe = ("SELECT count(*) FROM outbox_events WHERE id > %s AND processed_at IS NULL "
-                 "AND dead_lettered_at IS NULL")
-        with psycopg.connect(self.a.url, autocommit=True) as conn, \
-                open(self.logs / f"relay-{name}-{rnd}.log", "w") as log_file:
-            t0 = time.monotonic()
-            relay = subprocess.Popen([self.a.relay_bin, "run", "--config", str(path)], stdout=subprocess.DEVNULL,
-                                     stderr=log_file)
-            deadline = t0 + 900
-            t_done = None
-            while time.monotonic() < deadline and relay.poll() is None:
-                if conn.execute(probe, (max_id - 1000,)).fetchone()[0] == 0:
-                    t_done = time.monotonic()
-                    break
-                time.sleep(0.002)
-            relay.terminate()
-            code = relay.wait(timeout=30)
-        unprocessed = self.sql("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL")[0][0]
-        ok = t_done is not None and unprocessed == 0 and code == 0
-        out = {"events": self.a.events, "unprocessed_after": unprocessed, "relay_exit_code": code, "valid": ok}
-        if ok:
-            out["seconds"] = round(t_done - t0, 3)
-            out["rate"] = round(self.a.events / (t_done - t0), 1)
-        return out
 
     def run(self):
         server = RabbitServer(Path(tempfile.mkdtemp(prefix="node-", dir=self.work)))
@@ -102,13 +50,14 @@ class Bench:
             for rnd in range(self.a.rounds):
                 order = ["file", "rabbitmq"] if rnd % 2 == 0 else ["rabbitmq", "file"]
                 for name in order:
-                    self.seed()
+                    seed(self.a.url, self.a.events)
+                    log_path = self.logs / f"relay-{name}-{rnd}.log"
                     if name == "file":
-                        target = self.work / f"events-{rnd}.jsonl"
-                        r = self.drain(name, {"name": "file", "type": "file", "path": str(target), "fsync": True}, rnd)
-                        target.unlink(missing_ok=True)
+                        r = file_drain(self.a.url, self.a.relay_bin, self.work, self.a.events, self.a.batch_size,
+                                       log_path)
                     else:
-                        r = self.drain(name, rabbit, rnd)
+                        r = timed_drain(self.a.url, self.a.relay_bin, self.work, name, rabbit, self.a.events,
+                                        self.a.batch_size, log_path, timeout=900)
                         conn = server.connection()
                         ch = conn.channel()
                         r["in_queue"] = ch.queue_declare("bench-orders", durable=True, passive=True).method.message_count

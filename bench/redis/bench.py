@@ -20,25 +20,16 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import psycopg
 import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sink_drains import file_drain, seed, sql, timed_drain  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # ~150 bytes of JSON, keys over 10,000 aggregates: an order event (as bench/kafka/bench.py).
-SEED_SQL = """
-INSERT INTO outbox_events (topic, aggregate_id, payload)
-SELECT 'order.paid', 'order-' || (g % 10000),
-       jsonb_build_object('order_id', g, 'amount_cents', (g * 7919) % 100000, 'currency', 'EUR',
-                          'customer', 'customer-' || (g % 977), 'paid_at', '2026-11-30T06:32:22Z',
-                          'items', (g % 5) + 1)
-FROM generate_series(1, {count}) AS g
-"""
-
-
 def log(msg):
     print(f"[bench-redis {dt.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -51,61 +42,15 @@ class Bench:
         self.logs.mkdir(exist_ok=True)
         self.redis = redis.Redis(host="127.0.0.1", port=a.redis_port, socket_timeout=60)
 
-    def sql(self, statement, params=None):
-        with psycopg.connect(self.a.url, autocommit=True) as conn:
-            cur = conn.execute(statement, params)
-            return cur.fetchall() if cur.description else None
-
-    def seed(self, count):
-        self.sql("TRUNCATE outbox_events RESTART IDENTITY")
-        self.sql(SEED_SQL.format(count=int(count)))
-        self.sql("VACUUM ANALYZE outbox_events")
-        self.sql("CHECKPOINT")
-
-    def relay_drain(self, name, sink, rnd):
-        n = self.a.events
-        cfg = {"database": {"url": self.a.url}, "relay": {"batch_size": self.a.batch_size},
-               "http": {"enabled": False}, "log": {"level": "info"}, "sinks": [sink]}
-        cfg_path = self.work / f"drain-{name}.yaml"
-        cfg_path.write_text(json.dumps(cfg, indent=2))  # JSON is YAML
-        max_id = self.sql("SELECT max(id) FROM outbox_events")[0][0]
-        probe = ("SELECT count(*) FROM outbox_events WHERE id > %s AND processed_at IS NULL "
-                 "AND dead_lettered_at IS NULL")
-        with psycopg.connect(self.a.url, autocommit=True) as conn, \
-                open(self.logs / f"relay-drain-{name}-{rnd}.log", "w") as log_file:
-            t0 = time.monotonic()
-            relay = subprocess.Popen([self.a.relay_bin, "run", "--config", str(cfg_path)], stdout=subprocess.DEVNULL,
-                                     stderr=log_file)
-            deadline = t0 + 600
-            t_done = None
-            while time.monotonic() < deadline and relay.poll() is None:
-                if conn.execute(probe, (max_id - 1000,)).fetchone()[0] == 0:
-                    t_done = time.monotonic()
-                    break
-                time.sleep(0.002)
-            relay.terminate()
-            code = relay.wait(timeout=30)
-        unprocessed = self.sql("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL")[0][0]
-        ok = t_done is not None and unprocessed == 0 and code == 0
-        out = {"events": n, "unprocessed_after": unprocessed, "relay_exit_code": code, "valid": ok}
-        if ok:
-            out["seconds"] = round(t_done - t0, 3)
-            out["rate"] = round(n / (t_done - t0), 1)
-        return out
-
     def drain(self, system, rnd):
-        self.seed(self.a.events)
+        seed(self.a.url, self.a.events)
+        log_path = self.logs / f"relay-drain-{system}-{rnd}.log"
         if system == "file":
-            path = self.work / "drain-sink.jsonl"
-            path.unlink(missing_ok=True)
-            r = self.relay_drain("file", {"name": "file", "type": "file", "path": str(path), "fsync": True}, rnd)
-            r["lines"] = sum(1 for _ in open(path)) if path.exists() else 0
-            r["valid"] = r["valid"] and r["lines"] == self.a.events
-            path.unlink(missing_ok=True)
-            return r
+            return file_drain(self.a.url, self.a.relay_bin, self.work, self.a.events, self.a.batch_size, log_path)
         stream = f"bench.drain.{rnd}"
-        r = self.relay_drain("redis", {"name": "redis", "type": "redis", "url": f"redis://127.0.0.1:{self.a.redis_port}",
-                                       "stream": stream}, rnd)
+        r = timed_drain(self.a.url, self.a.relay_bin, self.work, "redis",
+                        {"name": "redis", "type": "redis", "url": f"redis://127.0.0.1:{self.a.redis_port}",
+                         "stream": stream}, self.a.events, self.a.batch_size, log_path)
         r["in_stream"] = self.redis.xlen(stream)
         r["valid"] = r["valid"] and r["in_stream"] == self.a.events
         self.redis.delete(stream)
@@ -150,7 +95,7 @@ class Bench:
                 "nproc": os.cpu_count(),
                 "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
                             None),
-                "postgres": self.sql("SHOW server_version")[0][0],
+                "postgres": sql(self.a.url, "SHOW server_version")[0][0],
                 "redis": self.redis.info("server")["redis_version"],
                 "redis_appendfsync": self.redis.config_get("appendfsync")["appendfsync"],
                 "hiredis": out(["pkg-config", "--modversion", "hiredis"]),

@@ -1,0 +1,81 @@
+"""What the sink benchmarks share (bench/{nats,rabbitmq,redis}/bench.py): the seeded backlog, and
+a drain by the real relay binary, timed from starting the process until the last row is marked (a
+primary-key range probe every 2 ms), to the sink under test or to the file sink (fsync on) as the
+baseline of the same run."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import psycopg
+
+# ~150-byte payloads, keys over 10,000 aggregates.
+SEED_SQL = """
+INSERT INTO outbox_events (topic, aggregate_id, payload)
+SELECT 'order.paid', 'order-' || (g % 10000),
+       jsonb_build_object('order_id', g, 'amount_cents', (g * 7919) % 100000, 'currency', 'EUR',
+                          'customer', 'customer-' || (g % 977), 'paid_at', '2026-11-30T06:32:22Z',
+                          'items', (g % 5) + 1)
+FROM generate_series(1, {count}) AS g
+"""
+
+
+def sql(url, statement, params=None):
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(statement, params)
+        return cur.fetchall() if cur.description else None
+
+
+def seed(url, count):
+    """count pending events in a truncated outbox_events, vacuumed, analyzed and checkpointed."""
+    sql(url, "TRUNCATE outbox_events RESTART IDENTITY")
+    sql(url, SEED_SQL.format(count=int(count)))
+    sql(url, "VACUUM ANALYZE outbox_events")
+    sql(url, "CHECKPOINT")
+
+
+def timed_drain(url, relay_bin, work: Path, name, sink, events, batch_size, log_path: Path, log_level="info",
+                timeout=600) -> dict:
+    """Drains the pending events with a relay publishing to `sink`; valid when every row is marked
+    and the relay exited 0 on SIGTERM. rate = events / seconds."""
+    cfg = {"database": {"url": url}, "relay": {"batch_size": batch_size},
+           "http": {"enabled": False}, "log": {"level": log_level}, "sinks": [sink]}
+    path = work / f"drain-{name}.yaml"
+    path.write_text(json.dumps(cfg, indent=2))  # JSON is YAML
+    max_id = sql(url, "SELECT max(id) FROM outbox_events")[0][0]
+    probe = ("SELECT count(*) FROM outbox_events WHERE id > %s AND processed_at IS NULL "
+             "AND dead_lettered_at IS NULL")
+    with psycopg.connect(url, autocommit=True) as conn, open(log_path, "w") as log_file:
+        t0 = time.monotonic()
+        relay = subprocess.Popen([relay_bin, "run", "--config", str(path)], stdout=subprocess.DEVNULL,
+                                 stderr=log_file)
+        deadline = t0 + timeout
+        t_done = None
+        while time.monotonic() < deadline and relay.poll() is None:
+            if conn.execute(probe, (max_id - 1000,)).fetchone()[0] == 0:
+                t_done = time.monotonic()
+                break
+            time.sleep(0.002)
+        relay.terminate()
+        code = relay.wait(timeout=30)
+    unprocessed = sql(url, "SELECT count(*) FROM outbox_events WHERE processed_at IS NULL")[0][0]
+    ok = t_done is not None and unprocessed == 0 and code == 0
+    out = {"events": events, "unprocessed_after": unprocessed, "relay_exit_code": code, "valid": ok}
+    if ok:
+        out["seconds"] = round(t_done - t0, 3)
+        out["rate"] = round(events / (t_done - t0), 1)
+    return out
+
+
+def file_drain(url, relay_bin, work: Path, events, batch_size, log_path: Path, log_level="info") -> dict:
+    """timed_drain to the file sink with fsync; valid also needs one line per event."""
+    target = work / "drain-sink.jsonl"
+    target.unlink(missing_ok=True)
+    r = timed_drain(url, relay_bin, work, "file", {"name": "file", "type": "file", "path": str(target), "fsync": True},
+                    events, batch_size, log_path, log_level)
+    r["lines"] = sum(1 for _ in open(target)) if target.exists() else 0
+    r["valid"] = r["valid"] and r["lines"] == events
+    target.unlink(missing_ok=True)
+    return r
