@@ -93,6 +93,18 @@ struct PgStore::Impl {
     reading_last = -1;
   }
 
+  // Runs fn on the worker session with its errors translated (session.hpp); a lost session is
+  // dropped, with the lanes it held, and made again by the next call.
+  template <class Fn>
+  auto on_worker(const char* what, Fn&& fn) -> decltype(fn()) {
+    try {
+      return translate_errors(what, std::forward<Fn>(fn), hints);
+    } catch (const StoreUnavailable&) {
+      drop();
+      throw;
+    }
+  }
+
   // Refuses a session on a transaction pooler (postgres/pooler.hpp), reporting the result to the
   // readiness check; logs an error when one appears.
   void check_own_backend(pqxx::connection& c) {
@@ -363,8 +375,9 @@ void PgStore::connect() {
 bool PgStore::rebalance() {
   connect();
   auto& im = *impl_;
-  try {
-    const bool gained_any = translate_errors("rebalance", [&] {
+  return im.on_worker("rebalance", [&] {
+    // A scope of its own: its transaction ends before find_claim_function() opens one.
+    const bool gained_any = [&] {
       pqxx::nontransaction tx(*im.conn);
       const auto members = tx.exec_params(
           "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted "
@@ -418,15 +431,12 @@ bool PgStore::rebalance() {
       }
       im.set_owned(std::move(owned));
       return !gained.empty();
-    }, im.hints);
+    }();
     if (!im.claim_fn || !im.claim_floor) {  // schema 1 or 2: look for the newer claim function
-      im.claim_fn = translate_errors("rebalance", [&] { return im.find_claim_function(*im.conn, false); }, im.hints);
+      im.claim_fn = im.find_claim_function(*im.conn, false);
     }
     return gained_any;
-  } catch (const StoreUnavailable&) {
-    im.drop();
-    throw;
-  }
+  });
 }
 
 std::vector<Event> PgStore::claim(std::size_t limit) { return claim_or_probe(limit, false, {}, 0); }
@@ -448,40 +458,30 @@ std::vector<Event> PgStore::claim_or_probe(std::size_t limit, bool probe, std::s
   connect();
   auto& im = *impl_;
   if (im.owned.empty()) return {};
-  try {
-    return translate_errors("claim", [&] {
-      auto events = im.claim_fn ? im.claim_with_function(limit, probe, completions, floor)
-                                : im.claim_with_statements(limit);
-      std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.id < b.id; });
-      return events;
-    }, im.hints);
-  } catch (const StoreUnavailable&) {
-    im.drop();
-    throw;
-  }
+  return im.on_worker("claim", [&] {
+    auto events = im.claim_fn ? im.claim_with_function(limit, probe, completions, floor)
+                              : im.claim_with_statements(limit);
+    std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.id < b.id; });
+    return events;
+  });
 }
 
 std::optional<std::chrono::milliseconds> PgStore::retry_due_in() {
   connect();
   auto& im = *impl_;
   if (im.owned.empty()) return std::nullopt;
-  try {
-    return translate_errors("retry look", [&]() -> std::optional<std::chrono::milliseconds> {
-      // The retry index's predicate: a walk of the events that failed and still wait (at most one
-      // per key: later events of a key are not attempted while an earlier one waits).
-      pqxx::nontransaction tx(*im.conn);
-      const auto r = tx.exec_params1(
-          "SELECT ceil(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int8 FROM " + im.opt.table +
-              " WHERE processed_at IS NULL AND dead_lettered_at IS NULL AND attempts > 0 "
-              "AND next_attempt_at > now() AND lane = ANY($1::smallint[])",
-          im.owned_literal);
-      if (r[0].is_null()) return std::nullopt;
-      return std::chrono::milliseconds(r[0].as<long long>());
-    }, im.hints);
-  } catch (const StoreUnavailable&) {
-    im.drop();
-    throw;
-  }
+  return im.on_worker("retry look", [&]() -> std::optional<std::chrono::milliseconds> {
+    // The retry index's predicate: a walk of the events that failed and still wait (at most one
+    // per key: later events of a key are not attempted while an earlier one waits).
+    pqxx::nontransaction tx(*im.conn);
+    const auto r = tx.exec_params1(
+        "SELECT ceil(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int8 FROM " + im.opt.table +
+            " WHERE processed_at IS NULL AND dead_lettered_at IS NULL AND attempts > 0 "
+            "AND next_attempt_at > now() AND lane = ANY($1::smallint[])",
+        im.owned_literal);
+    if (r[0].is_null()) return std::nullopt;
+    return std::chrono::milliseconds(r[0].as<long long>());
+  });
 }
 
 std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool probe,
