@@ -1,4 +1,4 @@
-"""What the sink benchmarks share (bench/{nats,rabbitmq,redis}/bench.py): the seeded backlog, and
+"""What the sink benchmarks share (bench/{kafka,nats,rabbitmq,redis}/bench.py): the seeded backlog, and
 a drain by the real relay binary, timed from starting the process until the last row is marked (a
 primary-key range probe every 2 ms), to the sink under test or to the file sink (fsync on) as the
 baseline of the same run."""

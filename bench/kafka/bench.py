@@ -43,17 +43,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 ROOT = Path(__file__).resolve().parents[2]
-BROKER_SH = ROOT / "tests" / "kafka" / "broker.sh"
+sys.path.insert(0, str(ROOT / "bench"))
+from sink_drains import seed, timed_drain  # noqa: E402
 
-# ~150 bytes of JSON, keys over 10,000 aggregates: an order event.
-SEED_SQL = """
-INSERT INTO outbox_events (topic, aggregate_id, payload)
-SELECT 'order.paid', 'order-' || (g % 10000),
-       jsonb_build_object('order_id', g, 'amount_cents', (g * 7919) % 100000, 'currency', 'EUR',
-                          'customer', 'customer-' || (g % 977), 'paid_at', '2026-11-30T06:32:22Z',
-                          'items', (g % 5) + 1)
-FROM generate_series(1, {count}) AS g
-"""
+BROKER_SH = ROOT / "tests" / "kafka" / "broker.sh"
 
 
 def log(msg):
@@ -121,39 +114,12 @@ class Bench:
         return {"name": "file", "type": "file", "path": str(path), "fsync": True}
 
     def seed(self, count):
-        self.sql("TRUNCATE outbox_events RESTART IDENTITY")
-        self.sql(SEED_SQL.format(count=int(count)))
-        self.sql("VACUUM ANALYZE outbox_events")
-        self.sql("CHECKPOINT")
+        seed(self.a.url, count)
 
     # -- drains --------------------------------------------------------------------------------
     def relay_drain(self, name, sink, rnd):
-        n = self.a.events
-        cfg = self.relay_config(f"drain-{name}", sink)
-        max_id = self.sql("SELECT max(id) FROM outbox_events")[0][0]
-        probe = ("SELECT count(*) FROM outbox_events WHERE id > %s AND processed_at IS NULL "
-                 "AND dead_lettered_at IS NULL")
-        log_path = self.logs / f"relay-drain-{name}-{rnd}.log"
-        with psycopg.connect(self.a.url, autocommit=True) as conn, open(log_path, "w") as log_file:
-            t0 = time.monotonic()
-            relay = subprocess.Popen([self.a.relay_bin, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL,
-                                     stderr=log_file)
-            deadline = t0 + 600
-            t_done = None
-            while time.monotonic() < deadline and relay.poll() is None:
-                if conn.execute(probe, (max_id - 1000,)).fetchone()[0] == 0:
-                    t_done = time.monotonic()
-                    break
-                time.sleep(0.002)
-            relay.terminate()
-            code = relay.wait(timeout=30)
-        unprocessed = self.sql("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL")[0][0]
-        ok = t_done is not None and unprocessed == 0 and code == 0
-        out = {"events": n, "unprocessed_after": unprocessed, "relay_exit_code": code, "valid": ok}
-        if ok:
-            out["seconds"] = round(t_done - t0, 3)
-            out["rate"] = round(n / (t_done - t0), 1)
-        return out
+        return timed_drain(self.a.url, self.a.relay_bin, self.work, name, sink, self.a.events, self.a.batch_size,
+                           self.logs / f"relay-drain-{name}-{rnd}.log", self.a.relay_log_level)
 
     def sql_drain(self):
         p = subprocess.run([self.a.bench_bin, "--url", self.a.url, "sql-drain", "--variant", "relay", "--expect",
