@@ -48,10 +48,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import datetime as dt
-import json
-import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -67,7 +64,12 @@ TAG = "soak"
 # kernel then writes at once, stalling the WAL flushes of writers' commits (and with them every
 # event above the stalled writer's id). wal_compression=lz4 was tried for the burst of full-page
 # images after each checkpoint starts and made no difference here.
-RECOMMENDED_PG_SETTINGS = "backend_flush_after=256kB"
+# wal_init_zero=off: a new WAL segment is created by the backend (or WAL writer) that needs it, in
+# its WAL write, holding WALWriteLock; with the default it first writes the segment's 16 MiB of
+# zeros and fsyncs them, and every commit waits meanwhile. At 16,600 events/s (13 MB/s of WAL) that
+# was a new segment every ~1.2 s until the first checkpoints recycle old ones, and 19-28 of every
+# 30 seconds had an event over 20 ms (mark soak, 6 min); off (the segment created sparse): 4-22.
+RECOMMENDED_PG_SETTINGS = "backend_flush_after=256kB,wal_init_zero=off"
 SAMPLE_SECONDS = 30.0
 # The probe writer beside the soak's writers: one pgbench client of single-event transactions,
 # every one logged, so that each probe event's sink arrival can be set against the moment its
@@ -100,6 +102,7 @@ class StreamTailer(pc.Tailer):
         super().__init__(path)
         self.n = 0
         self.window = []          # latencies (ms) since the last take()
+        self.seconds = {}         # arrival second (epoch, int) -> worst latency (ms) in it, since the last take()
         self.seen = bytearray()   # seen[id]: times delivered (saturating)
         self.duplicates = 0
         self.max_id = 0
@@ -139,6 +142,8 @@ class StreamTailer(pc.Tailer):
             self.max_id = max(self.max_id, top)
             self.n += len(ids)
             self.window.extend(lat)
+            sec = int(now)
+            self.seconds[sec] = max(self.seconds.get(sec, 0.0), max(lat))
             self.probes.extend(probes)
             self.last_arrival = mono
             self.last_latency_ms = lat[-1]
@@ -148,6 +153,13 @@ class StreamTailer(pc.Tailer):
         with self.lock:
             w, self.window = self.window, []
             return self.n, w
+
+    def take_seconds(self) -> int:
+        """How many seconds since the previous call had a line over 20 ms: one long stall or a
+        tail spread over the window?"""
+        with self.lock:
+            s, self.seconds = self.seconds, {}
+        return sum(1 for v in s.values() if v > 20.0)
 
     def missing(self, up_to: int) -> int:
         with self.lock:
@@ -270,6 +282,10 @@ def stage_p99s(before: dict, after: dict) -> dict:
     for stage in ("claim", "publish"):
         q = quantile_from_buckets(histogram_delta(before, after, f"outbox_relay_{stage}_duration_seconds"), 0.99)
         out[f"{stage}_p99_ms"] = None if q is None else round(1000 * q, 2)
+    # The relay's own created_at-to-ack latency (coarse buckets: 5, 10, 25, 50, 100 ms ...): a
+    # check on the tailer's figure, which a starved bench process would inflate.
+    q = quantile_from_buckets(histogram_delta(before, after, "outbox_relay_delivery_latency_seconds"), 0.99)
+    out["relay_delivery_p99_ms"] = None if q is None else round(1000 * q, 2)
     return out
 
 
@@ -499,6 +515,7 @@ class Soak:
         waits = WaitSampler(self.db.env, self.work / f"soak-{mode}-waits.err")
         waits.start()
         tailer.take()
+        tailer.take_seconds()
         windows = []
         log(f"soak ({mode}{', retention ' + a.retention if mode == 'mark' else ''}) at {a.soak_rate:,}/s "
             f"for {a.soak_minutes:g} min; a sample every {SAMPLE_SECONDS:g} s")
@@ -513,6 +530,7 @@ class Soak:
                     raise RuntimeError(f"relay exited:\n{relay.log_tail()}")
                 s = pc.Snapshot(self.db.postmaster, relay.pid)
                 count, lat = tailer.take()
+                seconds_over = tailer.take_seconds()
                 cpu = pc.window(snap, s)
                 m = relay.metrics()
                 wal = self.wal()
@@ -520,6 +538,7 @@ class Soak:
                 lat.sort()
                 w = {"t_s": round(s.t - t0, 1), "wall_end": time.time(), "lines_total": count, "events": events,
                      "p50_ms": pc.pct(lat, 0.5), "p99_ms": pc.pct(lat, 0.99), "max_ms": pc.pct(lat, 1.0),
+                     "seconds_over_20ms": seconds_over,
                      "relay_cpu_s": cpu["relay_cpu_seconds"], "postgres_cpu_s": cpu["postgres_cpu_seconds"],
                      "foreign_cores": cpu["foreign_cores"],
                      "relay_us": round(1e6 * cpu["relay_cpu_seconds"] / events, 1) if events else None,
@@ -530,10 +549,11 @@ class Soak:
                 snap, m_prev, wal_prev = s, m, wal
                 k += 1
                 log(f"  {w['t_s'] / 60:5.1f} min: {events / SAMPLE_SECONDS:7,.0f}/s, p50 {pc.fmt(w['p50_ms'], 2)} "
-                    f"p99 {pc.fmt(w['p99_ms'], 2)} max {pc.fmt(w['max_ms'], 1)} ms, size {w['sizes']['total'] / 2**20:7.1f} MiB, "
+                    f"p99 {pc.fmt(w['p99_ms'], 2)} max {pc.fmt(w['max_ms'], 1)} ms ({seconds_over} s with one over 20), size {w['sizes']['total'] / 2**20:7.1f} MiB, "
                     f"dead {w['n_dead_tup']:,}, autovacuum {w['autovacuum_count']}, checkpoints {w['checkpoints']}, "
                     f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}; "
-                    f"p99 claim {pc.fmt(w['claim_p99_ms'], 1)} publish {pc.fmt(w['publish_p99_ms'], 1)} ms, "
+                    f"p99 claim {pc.fmt(w['claim_p99_ms'], 1)} publish {pc.fmt(w['publish_p99_ms'], 1)} "
+                    f"delivery (relay's histogram) {pc.fmt(w['relay_delivery_p99_ms'], 1)} ms, "
                     f"dirty <= {w['dirty_max_mib']:.0f} MiB; WAL {w['wal_mib']:.0f} MiB, {w['wal_fpi']:,} FPI, "
                     f"buffers full {w['wal_buffers_full']:,}, files {w['wal_files']} (+{w['wal_files_added']}); "
                     f"over 20 ms ({w['wait_samples']} samples): "
