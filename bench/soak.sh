@@ -12,7 +12,7 @@
 # installs python3-matplotlib for the plots (Debian package; as root) if it is missing, then runs
 # bench/soak.py (method in its docstring) through bench/cost-run.sh: prints the table of points
 # 1-4 with the targets, writes bench/out/soak-<time>.json and the plots bench/soak-mark.png and
-# bench/soak-delete.png. Takes about 80 minutes with the defaults (the two 30-minute soaks are
+# bench/soak-delete.png. Takes about 85 minutes with the defaults (the two 30-minute soaks are
 # most of it) and about 15 GB of scratch space in /tmp (the history table, the sink files, WAL).
 # Not part of .ci/run. Run it on a quiet machine: foreign load is reported, not subtracted.
 set -euo pipefail

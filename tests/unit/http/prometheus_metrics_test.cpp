@@ -51,6 +51,17 @@ TEST_CASE("configured sinks start at zero, with build_info") {
   }
 }
 
+TEST_CASE("the delivery latency histogram has a bucket at 20 ms") {
+  // A p99 target of 20 ms (bench/soak.sh) is the share of events in le="0.02", not interpolated.
+  http::PrometheusMetrics m({"audit"}, "0.1.0");
+  m.delivered("audit", 0.019);
+  m.delivered("audit", 0.021);
+  const auto s = samples(m.scrape());
+  CHECK(s.at("outbox_relay_delivery_latency_seconds_bucket{sink=\"audit\",le=\"0.01\"}") == "0");
+  CHECK(s.at("outbox_relay_delivery_latency_seconds_bucket{sink=\"audit\",le=\"0.02\"}") == "1");
+  CHECK(s.at("outbox_relay_delivery_latency_seconds_bucket{sink=\"audit\",le=\"0.025\"}") == "2");
+}
+
 TEST_CASE("the loop's calls land in the right series") {
   http::PrometheusMetrics m({"audit"}, "0.1.0");
   m.claimed(3, 0.002);
