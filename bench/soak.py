@@ -278,14 +278,23 @@ class WaitSampler(threading.Thread):
         self.session.close()
 
 
+def count_above(buckets: list, le: float):
+    """Observations above the bucket bound `le` (one of the histogram's bounds), or None."""
+    at = dict(buckets).get(le)
+    return None if at is None or not buckets else int(buckets[-1][1] - at)
+
+
 def stage_p99s(before: dict, after: dict) -> dict:
     """Where a window's tail is: p99 (ms) of the relay's claim statements (which also write the
     previous batches' outcomes) and of its sink's publish calls (the file sink's write + fdatasync),
     from the relay's histograms between two scrapes."""
     out = {}
-    for stage in ("claim", "publish"):
+    for stage, calls in (("claim", "claims"), ("publish", "publishes")):
         q = quantile_from_buckets(histogram_delta(before, after, f"outbox_relay_{stage}_duration_seconds"), 0.99)
         out[f"{stage}_p99_ms"] = None if q is None else round(1000 * q, 2)
+        # A single stall (one slow statement or fdatasync) holds back every event behind it but
+        # does not move a p99 over thousands of calls: the calls of 100 ms or more, counted.
+        out[f"{calls}_over_100ms"] = count_above(histogram_delta(before, after, f"outbox_relay_{stage}_duration_seconds"), 0.1)
     # The relay's own created_at-to-ack latency (buckets 5, 10, 20, 25, 50, 100 ms ...): a check on
     # the tailer's figure, which lags when the bench process waits for a core. Its share of events
     # over 20 ms is exact (a bucket ends there; None with binaries older than 2026-12-02): p99 <=
@@ -569,6 +578,7 @@ class Soak:
                     f"dead {w['n_dead_tup']:,}, autovacuum {w['autovacuum_count']}, checkpoints {w['checkpoints']}, "
                     f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}; "
                     f"p99 claim {pc.fmt(w['claim_p99_ms'], 1)} publish {pc.fmt(w['publish_p99_ms'], 1)} "
+                    f"(>= 100 ms: {w['claims_over_100ms']} claims, {w['publishes_over_100ms']} publishes), "
                     f"delivery (relay's histogram) {pc.fmt(w['relay_delivery_p99_ms'], 1)} ms, "
                     f"{pc.fmt(w['relay_over_20ms_pct'], 2)} % over 20 ms, "
                     f"dirty <= {w['dirty_max_mib']:.0f} MiB; WAL {w['wal_mib']:.0f} MiB, {w['wal_fpi']:,} FPI, "
