@@ -164,6 +164,16 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
   return events;
 }
 
+std::optional<EventId> RelayLoop::lowest_unwritten() const {
+  std::optional<EventId> lowest;
+  for (const auto* outcomes : {&pending_, &deferred_}) {
+    for (const Completion& c : *outcomes) {
+      if (!lowest || c.id < *lowest) lowest = c.id;
+    }
+  }
+  return lowest;
+}
+
 bool RelayLoop::must_carry() const {
   if (options_.outcome_delay <= std::chrono::milliseconds::zero()) return true;
   return std::any_of(pending_.begin(), pending_.end(),

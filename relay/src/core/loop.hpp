@@ -91,6 +91,9 @@ class RelayLoop {
   // leave them to a later poll), if any.
   void flush_pending();
   bool has_pending() const { return !pending_.empty() || !deferred_.empty(); }
+  // The lowest id among the outcomes not yet written (has_pending()): between drains, every event
+  // this loop claimed below it has its outcome written.
+  std::optional<EventId> lowest_unwritten() const;
 
   // The earliest time a retry scheduled by this loop becomes due, if any is outstanding.
   std::optional<Clock::SteadyTime> next_retry_due() const;

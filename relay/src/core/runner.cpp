@@ -5,6 +5,17 @@
 #include "log/log.hpp"
 
 namespace outbox {
+namespace {
+
+// The sweep's steps (Runner::sweep_step): each looks at a range of ids, widened or narrowed so that
+// a step takes about kSweepStep, between polls. A step's cost is the pending index's entries in
+// its range (mostly those of rows delivered since the last vacuum), not the events in it.
+constexpr auto kSweepStep = std::chrono::milliseconds(2);
+constexpr long long kSweepFirstWidth = 10'000;
+constexpr long long kSweepMinWidth = 1'000;
+constexpr long long kSweepMaxWidth = 1LL << 40;
+
+}  // namespace
 
 Runner::Runner(RelayLoop& loop, Store& store, Waiter& waiter, const Clock& clock, Metrics& metrics, Health& health,
                RunnerOptions options, std::function<double()> jitter01)
@@ -48,6 +59,41 @@ std::chrono::milliseconds Runner::flowing_interval() const {
   return std::max(shortest, std::chrono::ceil<std::chrono::milliseconds>(linger));
 }
 
+bool Runner::start_sweep() {
+  const auto upto = store_.sweep_upto();
+  if (!upto) {
+    sweep_.active = false;
+    return true;
+  }
+  sweep_ = {.active = true, .cursor = 0, .upto = *upto, .width = kSweepFirstWidth};
+  return false;
+}
+
+bool Runner::sweep_step() {
+  // Not the events whose outcomes are still to be written: they are in flight here, unleased if a
+  // poll claimed them.
+  long long end = sweep_.upto;
+  if (const auto low = loop_.lowest_unwritten()) end = std::min(end, static_cast<long long>(*low) - 1);
+  if (sweep_.cursor >= end) {
+    sweep_.active = false;
+    return false;
+  }
+  const long long to = std::min(end, sweep_.cursor + sweep_.width);
+  const auto started = clock_.now();
+  if (store_.first_claimable(sweep_.cursor, to)) {
+    sweep_.active = false;  // the drain claims from the start
+    return true;
+  }
+  const auto took = clock_.now() - started;
+  sweep_.cursor = to;
+  if (took < kSweepStep / 2) {
+    sweep_.width = std::min(sweep_.width * 2, kSweepMaxWidth);
+  } else if (took > kSweepStep * 2) {
+    sweep_.width = std::max(sweep_.width / 2, kSweepMinWidth);
+  }
+  return false;
+}
+
 std::size_t Runner::drain(bool probe) {
   // A full drain clears the bell: rings from here on wake the next wait, so nothing committed
   // later is missed. A poll leaves it: a ring it did not look for (a LISTEN session restored,
@@ -84,6 +130,7 @@ void Runner::session() {
   auto last_found = now;  // when a drain or poll last claimed something
   auto polled_at = now;   // when the last drain or poll started
   auto poll_every = options_.poll_interval;
+  sweep_ = {};
   while (!waiter_.stopped()) {
     now = clock_.now();
     if (now >= next_rebalance_) {
@@ -99,6 +146,7 @@ void Runner::session() {
       const bool probe = !drain_needed;
       const std::size_t claimed = drain(probe);
       if (probe) note_poll(claimed, polled_at, previous_poll);
+      if (!probe) sweep_.active = false;  // a full drain claimed from the start
       if (claimed > 0) {
         last_found = clock_.now();
         if (probe) metrics_.wakeup(WakeSource::kPoll);
@@ -126,21 +174,33 @@ void Runner::session() {
       const auto in = store_.retry_due_in();
       store_retry_due_ = in ? std::optional<Time>(clock_.now() + *in + kRetrySlack) : std::nullopt;
     }
+    // The sweep goes on between polls, a step per turn, without waiting.
+    const bool sweep_found = sweep_.active && sweep_step();
+    if (sweep_found) metrics_.wakeup(WakeSource::kSweep);
     auto deadline = std::min({next_sweep_, next_rebalance_, next_poll});
+    if (sweep_found || sweep_.active) deadline = clock_.now();
     if (auto due = loop_.next_retry_due()) deadline = std::min(deadline, *due);
     if (store_retry_due_) deadline = std::min(deadline, *store_retry_due_);
     const auto source = waiter_.wait_until(deadline);
     if (waiter_.stopped()) return;
     now = clock_.now();
-    drain_needed = false;
+    drain_needed = sweep_found;
     if (source) {
       metrics_.wakeup(*source);
       drain_needed = true;
     }
     if (now >= next_sweep_) {
-      if (!drain_needed) metrics_.wakeup(WakeSource::kSweep);
-      drain_needed = true;
+      // A full drain walks the pending index from its start, through the entries of every event
+      // delivered since the last vacuum (hundreds of thousands at a steady stream: 100-800 ms),
+      // and the events that arrive meanwhile wait. The sweep looks in short steps instead and
+      // drains only when it finds an event to claim below what polls look at.
       next_sweep_ = now + options_.sweep_interval;
+      if (drain_needed) {
+        sweep_.active = false;
+      } else if (start_sweep()) {
+        metrics_.wakeup(WakeSource::kSweep);
+        drain_needed = true;
+      }
     }
     const auto own_retry = loop_.next_retry_due();
     const bool store_retry = store_retry_due_ && *store_retry_due_ <= now;

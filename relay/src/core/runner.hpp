@@ -65,6 +65,11 @@ class Runner {
   // light_poll_interval for a light one, by the event rate polls found lately.
   std::chrono::milliseconds flowing_interval() const;
   void note_poll(std::size_t claimed, Time started, Time previous);
+  // A sweep is due: a look in steps when the store knows its range (Store::sweep_upto), else a
+  // full drain (returns true: drain now).
+  bool start_sweep();
+  // One step of the sweep in progress; returns true when it found an event to claim (drain now).
+  bool sweep_step();
 
   RelayLoop& loop_;
   Store& store_;
@@ -81,6 +86,16 @@ class Runner {
   // found woke; the loop tracks its own.
   bool retry_look_due_ = true;
   std::optional<Time> store_retry_due_;
+  // The sweep in progress, if any: it has looked up to cursor; it ends at upto (or below the
+  // loop's unwritten outcomes, whose events are in flight here). Each step looks at `width` ids,
+  // doubled or halved so that a step takes about kSweepStep.
+  struct Sweep {
+    bool active = false;
+    long long cursor = 0;
+    long long upto = 0;
+    long long width = 0;
+  };
+  Sweep sweep_;
   // Events polls found, and the seconds they covered, smoothed over the last few polls.
   double recent_events_ = 0;
   double recent_seconds_ = 0;

@@ -86,6 +86,18 @@ class Store {
   // can wait for the sequence to pass it instead of polling: Waiter::offer_watch). nullopt when
   // that is not known (before the first poll, schema 1, a writer open).
   virtual std::optional<long long> watch_from() const { return std::nullopt; }
+  // The sweep's range (Runner): the id up to which events may wait unseen by polls (those below
+  // what polls look above: a retry fallen due, a release, an event a poll skipped), so that a sweep
+  // can look there in steps (first_claimable) instead of claiming from the start at once; nullopt
+  // when not known (before the first claim, schema 1, lanes just gained): the sweep is a full drain.
+  virtual std::optional<long long> sweep_upto() const { return std::nullopt; }
+  // The lowest id in (after, upto] of an event that claim() would take now (not yet delivered nor
+  // dead-lettered, due, its lease clear or expired and not this instance's, in its lanes), or
+  // nullopt. A look, not a claim: it locks and writes nothing.
+  virtual std::optional<long long> first_claimable(long long after, long long upto) {
+    (void)upto;
+    return after + 1;  // a store that cannot look: there may be one
+  }
   // A reading of the writers that were open at the last claim (schema/002) is still to be
   // checked: a claim() checks it, a poll that finds nothing new does not. watch_from() then
   // gives the reading's last id, above which ids were drawn after it.

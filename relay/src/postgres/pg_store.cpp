@@ -327,6 +327,39 @@ std::optional<long long> PgStore::watch_from() const {
 
 bool PgStore::reading_pending() const { return impl_->claim_fn && impl_->reading_last >= 0; }
 
+std::optional<long long> PgStore::sweep_upto() const {
+  // Polls claim above resolved (claim_with_function); what waits below it, only a claim from the
+  // start or a sweep finds.
+  const auto& im = *impl_;
+  if (!im.conn || !im.claim_fn || im.resolved < 0) return std::nullopt;
+  return im.resolved;
+}
+
+std::optional<long long> PgStore::first_claimable(long long after, long long upto) {
+  connect();
+  auto& im = *impl_;
+  if (im.owned.empty()) return std::nullopt;
+  return im.on_worker("sweep look", [&]() -> std::optional<long long> {
+    // The claim's predicate (claim_with_function), without the head-of-line look: an event held
+    // back by an earlier one of its key that waits for a retry is found, and the drain that
+    // follows claims nothing for it. Index scans only, whatever the statistics (a range scan of
+    // the pending index or the primary key; a plain index scan also marks the entries of deleted
+    // row versions it passes as dead, which the next walk then skips).
+    pqxx::work tx(*im.conn);
+    tx.exec0("SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off");
+    const auto r = tx.exec_params(
+        "SELECT c.id FROM " + im.opt.table + " AS c "
+        "WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL AND c.next_attempt_at <= now() "
+        "  AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM $1)) "
+        "  AND c.lane = ANY($2::smallint[]) AND c.id > $3 AND c.id <= $4 "
+        "ORDER BY c.id LIMIT 1",
+        im.opt.instance_id, im.owned_literal, after, upto);
+    tx.commit();
+    if (r.empty()) return std::nullopt;
+    return r[0][0].as<long long>();
+  });
+}
+
 int PgStore::lanes_owned() const { return impl_->owned_count.load(); }
 
 void PgStore::disconnect() {

@@ -44,6 +44,8 @@ class PgStore final : public Store {
   bool waiting_for_writers() const override;
   std::optional<long long> watch_from() const override;
   bool reading_pending() const override;
+  std::optional<long long> sweep_upto() const override;
+  std::optional<long long> first_claimable(long long after, long long upto) override;
 
   // Clears the leases this instance still holds (shutdown: peers take those rows at once).
   // Best effort: logs and returns false when the database is unreachable.

@@ -138,11 +138,14 @@ class FakeStore final : public Store {
   std::vector<Event> probe_claim(std::size_t /*limit*/, std::span<const Completion> c) override {
     probes.push_back(clock_.t);
     if (fail_probe_at.count(probes.size())) throw StoreUnavailable("connection lost");
-    completed.insert(completed.end(), c.begin(), c.end());
+    complete(c);
     if (per_second > 0) {  // a steady stream: what arrived since the last poll
       const auto arrived = static_cast<EventId>(per_second * std::chrono::duration<double>(clock_.t - Time{}).count());
       std::vector<Event> batch;
-      for (; streamed < arrived; ++streamed) batch.push_back(event(streamed + 1));
+      for (; streamed < arrived; ++streamed) {
+        batch.push_back(event(streamed + 1));
+        unwritten.insert(streamed + 1);
+      }
       return batch;
     }
     if (event_at && clock_.t >= *event_at) {
@@ -151,7 +154,24 @@ class FakeStore final : public Store {
     }
     return next_batch();
   }
-  void complete(std::span<const Completion> c) override { completed.insert(completed.end(), c.begin(), c.end()); }
+  void complete(std::span<const Completion> c) override {
+    completed.insert(completed.end(), c.begin(), c.end());
+    for (const Completion& done : c) unwritten.erase(done.id);
+  }
+  std::optional<long long> sweep_upto() const override {
+    // With a stream: everything polled so far and more (ids drawn in other lanes, say).
+    if (sweep_range && per_second > 0) return streamed + *sweep_range;
+    return sweep_range;
+  }
+  std::optional<long long> first_claimable(long long after, long long upto) override {
+    looks.emplace_back(after, upto);
+    // Never an event in flight in the loop (polled, its outcome not yet written): it would look
+    // claimable (a poll writes no lease).
+    if (!unwritten.empty() && upto >= *unwritten.begin()) looked_at_unwritten = true;
+    const auto it = claimable.upper_bound(after);
+    if (it == claimable.end() || *it > upto) return std::nullopt;
+    return *it;
+  }
   bool waiting_for_writers() const override { return fenced; }
   std::optional<long long> watch_from() const override { return watch_id; }
   bool reading_pending() const override { return reading; }
@@ -177,6 +197,11 @@ class FakeStore final : public Store {
   // Retries another instance scheduled: (visible from, due); visible once this one has the lanes.
   std::vector<std::pair<Time, Time>> foreign_retries;
   std::vector<Time> claims, probes, rebalances, retry_looks;
+  std::optional<long long> sweep_range;            // Store::sweep_upto; nullopt: sweeps are full drains
+  std::set<long long> claimable;                   // ids a sweep's look finds below it
+  std::vector<std::pair<long long, long long>> looks;  // each first_claimable(after, upto)
+  std::set<EventId> unwritten;                     // polled, their outcomes not yet written
+  bool looked_at_unwritten = false;
   std::vector<Completion> completed;
 
  private:
@@ -254,6 +279,47 @@ TEST_CASE("runner: catches up at start, then a sweep drains every sweep_interval
   CHECK(f.metrics.wakeups[WakeSource::kSweep] == 2);
   CHECK(f.health.loop_running.load() == false);
   CHECK(f.health.store_up.load());
+}
+
+TEST_CASE("runner: a sweep with a known range looks at it in widening steps and drains only if it finds an event") {
+  Fixture f;
+  f.store.sweep_range = 100'000;
+  f.waiter.stop_at = at(65'000);
+  f.run();
+  CHECK(ms_list(f.store.claims) == std::vector<long long>{0});  // the catch-up at start only
+  CHECK(f.metrics.wakeups[WakeSource::kSweep] == 0);
+  // Each sweep: 10,000 ids, then twice as many each step (the fake store answers at once), to 100,000.
+  const std::vector<std::pair<long long, long long>> one{{0, 10'000}, {10'000, 30'000}, {30'000, 70'000}, {70'000, 100'000}};
+  std::vector<std::pair<long long, long long>> two = one;
+  two.insert(two.end(), one.begin(), one.end());
+  CHECK(f.store.looks == two);
+
+  SUBCASE("an event below the range's end: the sweep drains at once, from the start") {
+    Fixture g;
+    g.store.sweep_range = 100'000;
+    g.store.claimable = {45'000};
+    g.waiter.stop_at = at(35'000);
+    g.run();
+    CHECK(ms_list(g.store.claims) == std::vector<long long>{0, 30'000});
+    CHECK(g.metrics.wakeups[WakeSource::kSweep] == 1);
+    CHECK(g.store.looks.size() == 3);  // it stopped at the step that found it
+  }
+}
+
+TEST_CASE("runner: a sweep beside a steady stream never looks at events whose outcomes are not written") {
+  Fixture f;
+  f.store.sweep_range = 1'000;  // sweep_upto: every event polled so far, and 1,000 ids more
+  f.store.per_second = 2'000;  // 10 per poll: their delivered outcomes wait up to outcome_delay
+  f.waiter.stop_at = at(95'000);
+  f.run();
+  REQUIRE(f.store.looks.size() >= 3);  // a sweep at 30, 60 and 90 s
+  CHECK_FALSE(f.store.looked_at_unwritten);
+  CHECK(f.metrics.wakeups[WakeSource::kSweep] == 0);
+  CHECK(ms_list(f.store.claims) == std::vector<long long>{0});
+  // Each sweep ended just below the outcomes still unwritten (the last poll's, at most
+  // outcome_delay old), near what was polled when it started: 60,000 events at 30 s.
+  for (const auto& [after, upto] : f.store.looks) CHECK(upto < 180'000);
+  CHECK(f.store.looks.back().second > 180'000 - 100);
 }
 
 TEST_CASE("runner: idle polls slow down by half each poll to idle_poll_interval") {
