@@ -223,6 +223,13 @@ bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
                                 "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, $11::text[])");
     }
     c.prepare("anything_new", "SELECT (SELECT id FROM " + opt.table + " WHERE id > $1 ORDER BY id LIMIT 1)");
+    // The sweep's look (first_claimable): the claim's predicate, without the head-of-line look.
+    c.prepare("sweep_look",
+              "SELECT c.id FROM " + opt.table + " AS c "
+              "WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL AND c.next_attempt_at <= now() "
+              "  AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM $1)) "
+              "  AND c.lane = ANY($2::smallint[]) AND c.id > $3 AND c.id <= $4 "
+              "ORDER BY c.id LIMIT 1");
   }
   if (!at_connect && changed && found) {
     log::info("schema upgraded: claiming through " + name + "()" + (with_floor ? " with a floor" : ""),
@@ -340,20 +347,17 @@ std::optional<long long> PgStore::first_claimable(long long after, long long upt
   auto& im = *impl_;
   if (im.owned.empty()) return std::nullopt;
   return im.on_worker("sweep look", [&]() -> std::optional<long long> {
-    // The claim's predicate (claim_with_function), without the head-of-line look: an event held
-    // back by an earlier one of its key that waits for a retry is found, and the drain that
-    // follows claims nothing for it. Index scans only, whatever the statistics (a range scan of
-    // the pending index or the primary key; a plain index scan also marks the entries of deleted
-    // row versions it passes as dead, which the next walk then skips).
+    // An event held back by an earlier one of its key that waits for a retry is found too, and
+    // the drain that follows claims nothing for it. A range scan of the pending index (a plain
+    // index scan: it also marks the entries of deleted row versions it passes as dead, which the
+    // next walk then skips), with a generic plan: a custom plan for these bounds has the planner
+    // look up the index's actual lowest entry, a walk through every entry of a row delivered
+    // since the last vacuum (17-22 ms per step at 16,600 events/s, measured), which is what the
+    // steps are meant to spread out.
     pqxx::work tx(*im.conn);
-    tx.exec0("SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off");
-    const auto r = tx.exec_params(
-        "SELECT c.id FROM " + im.opt.table + " AS c "
-        "WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL AND c.next_attempt_at <= now() "
-        "  AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM $1)) "
-        "  AND c.lane = ANY($2::smallint[]) AND c.id > $3 AND c.id <= $4 "
-        "ORDER BY c.id LIMIT 1",
-        im.opt.instance_id, im.owned_literal, after, upto);
+    tx.exec0("SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; "
+             "SET LOCAL enable_bitmapscan = off");
+    const auto r = tx.exec_prepared("sweep_look", im.opt.instance_id, im.owned_literal, after, upto);
     tx.commit();
     if (r.empty()) return std::nullopt;
     return r[0][0].as<long long>();
