@@ -628,10 +628,25 @@ TEST_CASE("a poll that fills a batch goes on like a drain, claiming again only a
   // outcomes are written, not beside its publishing. Batch 3 is claimed beside batch 2 (leased),
   // before batch 2's outcomes; batch 3 (short) waits for the next poll.
   CHECK(f.store.written_at_claim == std::vector<std::size_t>{0, 2, 2});
+  // Batch 2 is claimed above the poll's last id, not from the start of the pending index (a walk
+  // through every entry delivered since the last vacuum), and batch 3 above batch 2.
+  CHECK(f.store.floors == std::vector<long long>{0, 2, 4});
   REQUIRE(f.store.completed.size() == 4);
   CHECK(loop.has_pending());
   loop.flush_pending();
   CHECK(f.store.of(3).kind == Kind::kDelivered);
+}
+
+TEST_CASE("after a full poll with an event not delivered, the next claim looks from the start") {
+  Fixture f;
+  f.options.batch_size = 2;
+  f.a.script[2] = Outcome::retry("500");
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "x"), event(4, "z")});
+  auto loop = f.one_sink();
+  loop.drain(polling());
+  CHECK(f.store.floors == std::vector<long long>{0, 0, 0});
+  CHECK(f.store.of(2).kind == Kind::kRetry);
 }
 
 TEST_CASE("a poll that loses its session keeps the outcomes it carried for the next call") {
