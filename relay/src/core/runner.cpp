@@ -191,7 +191,7 @@ void Runner::session() {
     }
     if (now >= next_sweep_) {
       // A full drain walks the pending index from its start, through the entries of every event
-      // delivered since the last vacuum (hundreds of thousands at a steady stream: 100-800 ms),
+      // delivered since the last vacuum (hundreds of thousands at a steady stream: 100-400 ms),
       // and the events that arrive meanwhile wait. The sweep looks in short steps instead and
       // drains only when it finds an event to claim below what polls look at.
       next_sweep_ = now + options_.sweep_interval;
