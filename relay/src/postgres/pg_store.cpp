@@ -123,6 +123,15 @@ struct PgStore::Impl {
 
 namespace {
 
+// The rows of table alias c that a claim may take: not delivered nor dead-lettered, due, the lease
+// clear or expired and not this instance's (owner), in its lanes: schema 1's claim statement and
+// the sweep's look (schema 2's claim function states the same in SQL).
+std::string claimable_rows(const std::string& owner, const std::string& lanes) {
+  return "c.processed_at IS NULL AND c.dead_lettered_at IS NULL AND c.next_attempt_at <= now() "
+         "AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM " + owner + ")) "
+         "AND c.lane = ANY(" + lanes + "::smallint[]) ";
+}
+
 // Reads the columns shared by both claim forms: id, topic, key, payload, headers, created_at,
 // created_at_us, attempts, sinks_done.
 Event event_from_row(const pqxx::row& row) {
@@ -224,12 +233,8 @@ bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
     }
     c.prepare("anything_new", "SELECT (SELECT id FROM " + opt.table + " WHERE id > $1 ORDER BY id LIMIT 1)");
     // The sweep's look (first_claimable): the claim's predicate, without the head-of-line look.
-    c.prepare("sweep_look",
-              "SELECT c.id FROM " + opt.table + " AS c "
-              "WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL AND c.next_attempt_at <= now() "
-              "  AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM $1)) "
-              "  AND c.lane = ANY($2::smallint[]) AND c.id > $3 AND c.id <= $4 "
-              "ORDER BY c.id LIMIT 1");
+    c.prepare("sweep_look", "SELECT c.id FROM " + opt.table + " AS c WHERE " + claimable_rows("$1", "$2") +
+                                "AND c.id > $3 AND c.id <= $4 ORDER BY c.id LIMIT 1");
   }
   if (!at_connect && changed && found) {
     log::info("schema upgraded: claiming through " + name + "()" + (with_floor ? " with a floor" : ""),
@@ -259,10 +264,7 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       // By id = ANY(array), primary-key lookups: a join to the chosen rows may be planned, on an
       // empty table's statistics, as a walk of the whole table per claim (schema/003).
       "WHERE e.id = ANY(ARRAY(SELECT c.id FROM " + t + " AS c "
-      "       WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
-      "         AND c.next_attempt_at <= now() "
-      "         AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM $1)) "
-      "         AND c.lane = ANY($3::smallint[]) "
+      "       WHERE " + claimable_rows("$1", "$3") +
       "         AND c.id <= $5 "
       "         AND NOT EXISTS (SELECT 1 FROM " + t + " AS b "
       "                          WHERE b.aggregate_id = c.aggregate_id AND b.id < c.id "
