@@ -284,10 +284,26 @@ def process_cpu_seconds(pid: int):
 
 
 def machine_busy_seconds() -> float:
+    return machine_cpu_seconds()[0]
+
+
+def machine_cpu_seconds() -> tuple:
+    """(busy, steal) of all cores, in seconds: busy includes steal (time the hypervisor gave
+    another guest while this one had work)."""
     with open("/proc/stat") as f:
         parts = f.readline().split()[1:]
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in parts[:8])
-    return (user + nice + system + irq + softirq + steal) / HZ
+    return (user + nice + system + irq + softirq + steal) / HZ, steal / HZ
+
+
+def cpu_pressure_seconds():
+    """/proc/pressure/cpu "some" total in seconds: time at least one runnable task waited for a
+    core; None without PSI."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return int(re.search(r"total=(\d+)", f.readline()).group(1)) / 1e6
+    except (OSError, AttributeError):
+        return None
 
 
 def own_cpu_seconds() -> float:
@@ -298,15 +314,19 @@ def own_cpu_seconds() -> float:
 
 
 class Snapshot:
-    def __init__(self, postmaster: int, relay_pid: int | None = None):
+    """children: pids of live child processes (pgbench started with popen=True), whose CPU
+    getrusage counts only once they are reaped."""
+
+    def __init__(self, postmaster: int, relay_pid: int | None = None, children=()):
         self.t = time.monotonic()
         self.procs = postgres_processes(postmaster)
         if -1 not in self.procs:
             raise RuntimeError(f"postmaster {postmaster} is gone")
         self.pg = postgres_cpu_seconds(self.procs)
         self.relay = process_cpu_seconds(relay_pid) if relay_pid else None
-        self.machine = machine_busy_seconds()
-        self.own = own_cpu_seconds()
+        self.machine, self.steal = machine_cpu_seconds()
+        self.pressure = cpu_pressure_seconds()
+        self.own = own_cpu_seconds() + sum(process_cpu_seconds(p) or 0.0 for p in children)
 
 
 def window(a: Snapshot, b: Snapshot, relay_children_cpu: float = 0.0) -> dict:
@@ -324,6 +344,10 @@ def window(a: Snapshot, b: Snapshot, relay_children_cpu: float = 0.0) -> dict:
         "client_cpu_seconds": round(own, 3),
         "foreign_cpu_seconds": round(foreign, 3),
         "foreign_cores": round(foreign / wall, 3) if wall > 0 else None,
+        "machine_cores": round((b.machine - a.machine) / wall, 3) if wall > 0 else None,
+        "steal_cores": round((b.steal - a.steal) / wall, 3) if wall > 0 else None,
+        "cpu_pressure": (round((b.pressure - a.pressure) / wall, 3)
+                         if wall > 0 and a.pressure is not None and b.pressure is not None else None),
     }
 
 

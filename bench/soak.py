@@ -33,7 +33,10 @@ defaults), and logs every autovacuum run.
    checkpointer) per event, the p99 of the relay's claim and publish calls (its histograms), the
    relay's own created_at-to-ack p99 and share of events over 20 ms (its delivery histogram: the
    tailer's figure lags when this process waits for a core), how many seconds of the window had
-   an event over 20 ms, the largest dirty page cache (/proc/meminfo). Targets: after minute 10 the table + TOAST + indexes stay within
+   an event over 20 ms, the largest dirty page cache (/proc/meminfo), the machine's busy cores
+   (/proc/stat; of which steal, pgbench's own CPU, and foreign: the rest beside Postgres, the
+   relay, pgbench and this process, steal included) and the share of the window in which a runnable task waited for a core
+   (/proc/pressure/cpu "some"). Targets: after minute 10 the table + TOAST + indexes stay within
    +-25 % of the minute-10 size; every window's p99 <= 20 ms; CPU per event (relay + Postgres) in
    the last 10 minutes <= 1.2 x the first 10 minutes. Every id up to the last one written reaches
    the sink exactly once. Plot: bench/soak-<mode>.png (size, dead tuples, latency per window).
@@ -532,7 +535,8 @@ class Soak:
                            log_prefix=probe_prefix)
         t0 = time.monotonic()
         wall0 = time.time()
-        snap = pc.Snapshot(self.db.postmaster, relay.pid)
+        clients = (writers.pid, probe.pid)
+        snap = pc.Snapshot(self.db.postmaster, relay.pid, clients)
         m_prev = relay.metrics()
         wal_prev = self.wal()
         dirty = DirtySampler()
@@ -553,7 +557,7 @@ class Soak:
                 time.sleep(max(0.0, target - time.monotonic()))
                 if not relay.alive():
                     raise RuntimeError(f"relay exited:\n{relay.log_tail()}")
-                s = pc.Snapshot(self.db.postmaster, relay.pid)
+                s = pc.Snapshot(self.db.postmaster, relay.pid, clients)
                 count, lat = tailer.take()
                 seconds_over = tailer.take_seconds()
                 cpu = pc.window(snap, s)
@@ -566,6 +570,9 @@ class Soak:
                      "seconds_over_20ms": seconds_over,
                      "relay_cpu_s": cpu["relay_cpu_seconds"], "postgres_cpu_s": cpu["postgres_cpu_seconds"],
                      "foreign_cores": cpu["foreign_cores"],
+                     "client_cores": round(cpu["client_cpu_seconds"] / cpu["wall_seconds"], 3),
+                     "machine_cores": cpu["machine_cores"], "steal_cores": cpu["steal_cores"],
+                     "cpu_pressure": cpu["cpu_pressure"],
                      "relay_us": round(1e6 * cpu["relay_cpu_seconds"] / events, 1) if events else None,
                      "postgres_us": round(1e6 * cpu["postgres_cpu_seconds"] / events, 1) if events else None,
                      "sizes": self.sizes(), **self.stats(), **stage_p99s(m_prev, m),
@@ -577,6 +584,9 @@ class Soak:
                     f"p99 {pc.fmt(w['p99_ms'], 2)} max {pc.fmt(w['max_ms'], 1)} ms ({seconds_over} s with one over 20), size {w['sizes']['total'] / 2**20:7.1f} MiB, "
                     f"dead {w['n_dead_tup']:,}, autovacuum {w['autovacuum_count']}, checkpoints {w['checkpoints']}, "
                     f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}; "
+                    f"cores busy {pc.fmt(w['machine_cores'], 2)} (pgbench {w['client_cores']:.2f}, steal "
+                    f"{pc.fmt(w['steal_cores'], 2)}, foreign {pc.fmt(w['foreign_cores'], 2)}), waiting for a core "
+                    f"{pc.fmt(100 * w['cpu_pressure'] if w['cpu_pressure'] is not None else None, 0)} %; "
                     f"p99 claim {pc.fmt(w['claim_p99_ms'], 1)} publish {pc.fmt(w['publish_p99_ms'], 1)} "
                     f"(>= 100 ms: {w['claims_over_100ms']} claims, {w['publishes_over_100ms']} publishes), "
                     f"delivery (relay's histogram) {pc.fmt(w['relay_delivery_p99_ms'], 1)} ms, "
@@ -610,6 +620,7 @@ class Soak:
              "writer_txn": pc.txn_log_summary(prefix), "last_id": last, "missing": missing,
              "duplicated": duplicated, "wall_start": wall0,
              "probe": probe_windows(tailer.probes, probe_prefix, windows)}
+        writer_windows(prefix, windows)
         r["figures"] = soak_figures(windows, a.soak_minutes)
         log(f"soak ({mode}): {last:,} events, missing {missing}, duplicated {duplicated}; {r['figures']}")
         return r
@@ -676,6 +687,23 @@ def median_drain(runs: list) -> dict:
             "foreign_cores": max((r["foreign_cores"] or 0) for r in runs), "rounds": runs}
 
 
+def writer_windows(log_prefix: Path, windows: list):
+    """The soak writers' own transactions (pgbench -l, 10 % sampled: INSERT of 10 events sent to
+    COMMIT returned), per window of their COMMIT: p99 and the share over 20 ms, added to each
+    window as writer_txn_*. A window whose writers' transactions took over 20 ms for more than
+    1 % of them cannot hold the target whatever the relay does: created_at is their start."""
+    ends = [w["wall_end"] for w in windows]
+    per = [[] for _ in windows]
+    for _, _, end, ms in pc.pgbench_log(log_prefix):
+        i = bisect.bisect_left(ends, end)
+        if i < len(per):
+            per[i].append(ms)
+    for w, v in zip(windows, per):
+        v.sort()
+        w.update({"writer_txn_n": len(v), "writer_txn_p99_ms": pc.pct(v, 0.99),
+                  "writer_txn_over_20ms_pct": round(100 * sum(1 for x in v if x > P99_TARGET_MS) / len(v), 2) if v else None})
+
+
 def probe_windows(probes: list, log_prefix: Path, windows: list) -> dict:
     """The probe writer's events, per window of their arrival: commit-to-sink from the moment the
     COMMIT returned to the writer (p50/p99/max, ms) and the probe's own transaction time (INSERT
@@ -740,6 +768,14 @@ def soak_figures(windows, minutes):
         f["cpu_ratio"] = round(f["cpu_us_last"] / f["cpu_us_first"], 3)
         f["cpu_held"] = f["cpu_ratio"] <= 1.2
     f["foreign_cores_max"] = max((w["foreign_cores"] or 0) for w in windows)
+    writers = [w["writer_txn_over_20ms_pct"] for w in windows if w.get("writer_txn_over_20ms_pct") is not None]
+    if writers:
+        f["writer_txn_windows_over_1pct"] = sum(1 for x in writers if x > 1.0)
+        f["writer_txn_worst_over_20ms_pct"] = max(writers)
+    for k in ("machine_cores", "cpu_pressure"):
+        xs = sorted(w[k] for w in windows if w.get(k) is not None)
+        if xs:
+            f[k + "_median"] = xs[len(xs) // 2]
     return f
 
 
@@ -843,6 +879,15 @@ def print_report(doc, a):
         if "probe_worst_window_p99_ms" in f:
             rows.append([f"{lbl}: the same from the COMMIT's return (probe writer, {PROBE_RATE}/s)",
                          f"{pc.fmt(f['probe_worst_window_p99_ms'], 2)} ms ({f['probe_windows_over_20ms']} windows over)",
+                         "report", "-"])
+        if "writer_txn_windows_over_1pct" in f:
+            rows.append([f"{lbl}: the writers' own transactions (INSERT to COMMIT returned, 10 % sampled) over 20 ms, "
+                         f"worst window", f"{f['writer_txn_worst_over_20ms_pct']:.2f} % "
+                         f"({f['writer_txn_windows_over_1pct']} windows over 1 %)", "report", "-"])
+        if "machine_cores_median" in f:
+            rows.append([f"{lbl}: cores busy / share of time a task waited for a core, median window",
+                         f"{f['machine_cores_median']:.2f} of {doc['meta'].get('nproc')} / "
+                         f"{pc.fmt(100 * f['cpu_pressure_median'] if f.get('cpu_pressure_median') is not None else None, 0)} %",
                          "report", "-"])
         if "cpu_ratio" in f:
             rows.append([f"{lbl}: CPU/event relay + Postgres, last vs first 10 min",
