@@ -36,7 +36,10 @@ defaults), and logs every autovacuum run.
    an event over 20 ms, the largest dirty page cache (/proc/meminfo), the machine's busy cores
    (/proc/stat; of which steal, pgbench's own CPU, and foreign: the rest beside Postgres, the
    relay, pgbench and this process, steal included) and the share of the window in which a runnable task waited for a core
-   (/proc/pressure/cpu "some"). Targets: after minute 10 the table + TOAST + indexes stay within
+   (/proc/pressure/cpu "some"). Before the soaks, the same writers run alone for
+   --writers-alone-seconds (60; no relay, empty table): Postgres per event and the cores without
+   the relay, so that the report gives the relay's share (its process plus the Postgres work it
+   causes). Targets: after minute 10 the table + TOAST + indexes stay within
    +-25 % of the minute-10 size; every window's p99 <= 20 ms; CPU per event (relay + Postgres) in
    the last 10 minutes <= 1.2 x the first 10 minutes. Every id up to the last one written reaches
    the sink exactly once. Plot: bench/soak-<mode>.png (size, dead tuples, latency per window).
@@ -520,6 +523,36 @@ class Soak:
                           rate=self.a.soak_rate / self.a.events_per_txn,
                           popen=True, log_prefix=log_prefix, extra=["--sampling-rate=0.1"])
 
+    def writers_alone(self, seconds):
+        """The soak's writers with no relay, on an empty table: what Postgres spends per event on
+        the writers' own work and how crowded the cores are without the relay. A soak's figures
+        less these are the relay's share (the relay process and the Postgres work it causes)."""
+        self.reset()
+        log(f"writers alone (no relay) at {self.a.soak_rate:,}/s for {seconds:g} s")
+        s0 = pc.Snapshot(self.db.postmaster)
+        p = self.writers(seconds, self.work / "alone-txn")
+        try:
+            out, err = p.communicate(timeout=seconds + 120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        time.sleep(0.1)  # the postmaster reaps the writers' backends
+        s1 = pc.Snapshot(self.db.postmaster)
+        wr = pc.parse_pgbench(p.returncode, out, err)
+        if wr["exit_code"] != 0:
+            raise RuntimeError(f"writers alone: pgbench exited {wr['exit_code']}: {err[-2000:]}")
+        cpu = pc.window(s0, s1)
+        events = self.sequence_last()
+        r = {"seconds": seconds, "events": events, "writer_txn": pc.txn_log_summary(self.work / "alone-txn"),
+             "postgres_us": round(1e6 * cpu["postgres_cpu_seconds"] / events, 1) if events else None,
+             "client_cores": round(cpu["client_cpu_seconds"] / cpu["wall_seconds"], 3),
+             **{k: cpu[k] for k in ("machine_cores", "steal_cores", "foreign_cores", "cpu_pressure")}}
+        log(f"  writers alone: {events:,} events, Postgres {pc.fmt(r['postgres_us'], 1)} us/event, cores busy "
+            f"{pc.fmt(r['machine_cores'], 2)} (pgbench {r['client_cores']:.2f}, steal {pc.fmt(r['steal_cores'], 2)}), "
+            f"waiting for a core {pc.fmt(100 * r['cpu_pressure'] if r['cpu_pressure'] is not None else None, 0)} %")
+        return r
+
     def soak(self, mode):
         a = self.a
         seconds = a.soak_minutes * 60
@@ -862,6 +895,13 @@ def print_report(doc, a):
                      ">= 0.9 x", pc.held(ratio >= 0.9 and not (h["missing"] or w["missing"] or h["duplicated"] or w["duplicated"]))])
         rows.append(["2. claim p99, median of the rounds", f"{h['claim_p99_ms']:.2f} vs {w['claim_p99_ms']:.2f} ms = {cratio:.2f} x",
                      "<= 1.5 x", pc.held(cratio <= 1.5)])
+    alone = doc.get("writers_alone")
+    if alone:
+        rows.append([f"3. the writers alone (no relay), {a.soak_rate:,}/s, {alone['seconds']:g} s: Postgres per event, "
+                     "cores busy, share of time a task waited for a core",
+                     f"{pc.fmt(alone['postgres_us'], 1)} us, {pc.fmt(alone['machine_cores'], 2)} of {doc['meta'].get('nproc')}, "
+                     f"{pc.fmt(100 * alone['cpu_pressure'] if alone['cpu_pressure'] is not None else None, 0)} %",
+                     "report", "-"])
     for mode, r in doc.get("soak", {}).items():
         f = r["figures"]
         lbl = f"3. soak {mode}{' + retention ' + a.retention if mode == 'mark' else ''}, {r['rate']:,}/s, {r['minutes']:g} min"
@@ -889,6 +929,13 @@ def print_report(doc, a):
                          f"{f['machine_cores_median']:.2f} of {doc['meta'].get('nproc')} / "
                          f"{pc.fmt(100 * f['cpu_pressure_median'] if f.get('cpu_pressure_median') is not None else None, 0)} %",
                          "report", "-"])
+        if alone and alone.get("postgres_us") and r["windows"]:
+            def med(k):
+                xs = sorted(w[k] for w in r["windows"] if w.get(k) is not None)
+                return xs[len(xs) // 2]
+            rows.append([f"{lbl}: the relay's share per event, median window: relay process + (Postgres - Postgres "
+                         "with the writers alone)", f"{med('relay_us')} + ({med('postgres_us')} - {alone['postgres_us']}) = "
+                         f"{med('relay_us') + med('postgres_us') - alone['postgres_us']:.1f} us", "report", "-"])
         if "cpu_ratio" in f:
             rows.append([f"{lbl}: CPU/event relay + Postgres, last vs first 10 min",
                          f"{f['cpu_us_last']} vs {f['cpu_us_first']} us = {f['cpu_ratio']:.2f} x", "<= 1.2 x",
@@ -933,6 +980,8 @@ def main():
     ap.add_argument("--soak-minutes", type=float, default=30)
     ap.add_argument("--soak-rate", type=int, default=0, help="events/s; 0: 40 %% of point 1's small drain [0]")
     ap.add_argument("--soak-modes", default="mark,delete")
+    ap.add_argument("--writers-alone-seconds", type=float, default=60,
+                    help="before the soaks, the writers with no relay for this long (0 skips) [60]")
     ap.add_argument("--events-per-txn", type=int, default=10, help="events per writer transaction in points 3 and 4 [10]")
     ap.add_argument("--retention", default="2m")
     ap.add_argument("--catchup-backlog", type=int, default=1_000_000)
@@ -997,6 +1046,8 @@ def main():
             f"{doc['sustained']['relay_events_per_s']:,.0f}/s) = {a.soak_rate:,}/s")
     if 2 in points:
         doc["history"] = s.history()
+    if 3 in points and a.writers_alone_seconds > 0:
+        doc["writers_alone"] = s.writers_alone(a.writers_alone_seconds)
     if 3 in points:
         doc["soak"] = {m: s.soak(m) for m in a.soak_modes.split(",") if m}
     if 4 in points:
