@@ -283,10 +283,6 @@ def process_cpu_seconds(pid: int):
     return (int(s[1][_UTIME]) + int(s[1][_STIME])) / HZ
 
 
-def machine_busy_seconds() -> float:
-    return machine_cpu_seconds()[0]
-
-
 def machine_cpu_seconds() -> tuple:
     """(busy, steal) of all cores, in seconds: busy includes steal (time the hypervisor gave
     another guest while this one had work)."""

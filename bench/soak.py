@@ -514,14 +514,15 @@ class Soak:
         return {kind: median_drain(rs) for kind, rs in runs.items()}
 
     # -- 3 and 4 --------------------------------------------------------------------------------
-    def writers(self, seconds, log_prefix):
-        """pgbench at the soak rate, 10 % of its transactions logged."""
+    def writers(self, seconds, log_prefix, popen=True):
+        """pgbench at the soak rate, 10 % of its transactions logged: the process (popen) or, once
+        it has ended, its figures."""
         env = {**self.db.env, "PGAPPNAME": "soak-writers"}
         if self.a.writers_async_commit:
             env = {**env, "PGOPTIONS": (env.get("PGOPTIONS", "") + " -c synchronous_commit=off").strip()}
         return pc.pgbench(env, self.script, self.a.clients, self.a.jobs, seconds,
                           rate=self.a.soak_rate / self.a.events_per_txn,
-                          popen=True, log_prefix=log_prefix, extra=["--sampling-rate=0.1"])
+                          popen=popen, log_prefix=log_prefix, extra=["--sampling-rate=0.1"])
 
     def writers_alone(self, seconds):
         """The soak's writers with no relay, on an empty table: what Postgres spends per event on
@@ -530,18 +531,11 @@ class Soak:
         self.reset()
         log(f"writers alone (no relay) at {self.a.soak_rate:,}/s for {seconds:g} s")
         s0 = pc.Snapshot(self.db.postmaster)
-        p = self.writers(seconds, self.work / "alone-txn")
-        try:
-            out, err = p.communicate(timeout=seconds + 120)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        wr = self.writers(seconds, self.work / "alone-txn", popen=False)
         time.sleep(0.1)  # the postmaster reaps the writers' backends
         s1 = pc.Snapshot(self.db.postmaster)
-        wr = pc.parse_pgbench(p.returncode, out, err)
         if wr["exit_code"] != 0:
-            raise RuntimeError(f"writers alone: pgbench exited {wr['exit_code']}: {err[-2000:]}")
+            raise RuntimeError(f"writers alone: pgbench exited {wr['exit_code']}")
         cpu = pc.window(s0, s1)
         events = self.sequence_last()
         r = {"seconds": seconds, "events": events, "writer_txn": pc.txn_log_summary(self.work / "alone-txn"),
@@ -805,7 +799,7 @@ def soak_figures(windows, minutes):
     if writers:
         f["writer_txn_windows_over_1pct"] = sum(1 for x in writers if x > 1.0)
         f["writer_txn_worst_over_20ms_pct"] = max(writers)
-    for k in ("machine_cores", "cpu_pressure"):
+    for k in ("machine_cores", "cpu_pressure", "relay_us", "postgres_us"):
         xs = sorted(w[k] for w in windows if w.get(k) is not None)
         if xs:
             f[k + "_median"] = xs[len(xs) // 2]
@@ -929,13 +923,11 @@ def print_report(doc, a):
                          f"{f['machine_cores_median']:.2f} of {doc['meta'].get('nproc')} / "
                          f"{pc.fmt(100 * f['cpu_pressure_median'] if f.get('cpu_pressure_median') is not None else None, 0)} %",
                          "report", "-"])
-        if alone and alone.get("postgres_us") and r["windows"]:
-            def med(k):
-                xs = sorted(w[k] for w in r["windows"] if w.get(k) is not None)
-                return xs[len(xs) // 2]
+        if alone and alone.get("postgres_us") and "postgres_us_median" in f and "relay_us_median" in f:
+            relay_us, pg_us = f["relay_us_median"], f["postgres_us_median"]
             rows.append([f"{lbl}: the relay's share per event, median window: relay process + (Postgres - Postgres "
-                         "with the writers alone)", f"{med('relay_us')} + ({med('postgres_us')} - {alone['postgres_us']}) = "
-                         f"{med('relay_us') + med('postgres_us') - alone['postgres_us']:.1f} us", "report", "-"])
+                         "with the writers alone)", f"{relay_us} + ({pg_us} - {alone['postgres_us']}) = "
+                         f"{relay_us + pg_us - alone['postgres_us']:.1f} us", "report", "-"])
         if "cpu_ratio" in f:
             rows.append([f"{lbl}: CPU/event relay + Postgres, last vs first 10 min",
                          f"{f['cpu_us_last']} vs {f['cpu_us_first']} us = {f['cpu_ratio']:.2f} x", "<= 1.2 x",
