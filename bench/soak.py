@@ -23,7 +23,7 @@ defaults), and logs every autovacuum run.
    --soak-minutes (30) at --soak-rate (default: 40 % of point 1's small drain rate), with a relay
    running on_success mark + retention 2m, then again on a fresh table with on_success delete.
    Every 30 s: the table's, its TOAST's and each index's size, n_live_tup/n_dead_tup, autovacuum
-   and autoanalyze runs, commit-to-sink p50/p99/max of the lines that reached the sink in the
+   and autoanalyze runs, the share of the window's updates that were HOT, commit-to-sink p50/p99/max of the lines that reached the sink in the
    window (the line's arrival time minus the row's created_at, as in bench/steady.py: created_at
    is the start of the writer's INSERT, so this includes the writer's own commit), the same from
    the moment the COMMIT returned for the events of a probe writer beside them (PROBE_RATE single-
@@ -372,10 +372,11 @@ class Soak:
 
     def stats(self) -> dict:
         r = self.db.psql("SELECT n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count, "
-                         "(SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter) FROM pg_stat_user_tables "
-                         "WHERE relid = 'outbox_events'::regclass").split("|")
+                         "(SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter), n_tup_upd, n_tup_hot_upd "
+                         "FROM pg_stat_user_tables WHERE relid = 'outbox_events'::regclass").split("|")
         return {"n_live_tup": int(r[0]), "n_dead_tup": int(r[1]), "autovacuum_count": int(r[2]),
-                "autoanalyze_count": int(r[3]), "checkpoints": int(r[4])}
+                "autoanalyze_count": int(r[3]), "checkpoints": int(r[4]), "n_tup_upd": int(r[5]),
+                "n_tup_hot_upd": int(r[6])}
 
     def wal(self) -> dict:
         """pg_stat_wal's counters and the number of segment files in pg_wal: a window's WAL volume,
@@ -572,6 +573,7 @@ class Soak:
         waits.start()
         tailer.take()
         tailer.take_seconds()
+        stats0 = self.stats()
         windows = []
         log(f"soak ({mode}{', retention ' + a.retention if mode == 'mark' else ''}) at {a.soak_rate:,}/s "
             f"for {a.soak_minutes:g} min; a sample every {SAMPLE_SECONDS:g} s")
@@ -604,12 +606,16 @@ class Soak:
                      "postgres_us": round(1e6 * cpu["postgres_cpu_seconds"] / events, 1) if events else None,
                      "sizes": self.sizes(), **self.stats(), **stage_p99s(m_prev, m),
                      "dirty_max_mib": dirty.take(), **self.wal_window(wal_prev, wal), **waits.take()}
+                st_prev = windows[-1] if windows else stats0
+                upd = w["n_tup_upd"] - st_prev["n_tup_upd"]
+                w["hot_update_pct"] = round(100 * (w["n_tup_hot_upd"] - st_prev["n_tup_hot_upd"]) / upd, 1) if upd else None
                 windows.append(w)
                 snap, m_prev, wal_prev = s, m, wal
                 k += 1
                 log(f"  {w['t_s'] / 60:5.1f} min: {events / SAMPLE_SECONDS:7,.0f}/s, p50 {pc.fmt(w['p50_ms'], 2)} "
                     f"p99 {pc.fmt(w['p99_ms'], 2)} max {pc.fmt(w['max_ms'], 1)} ms ({seconds_over} s with one over 20), size {w['sizes']['total'] / 2**20:7.1f} MiB, "
                     f"dead {w['n_dead_tup']:,}, autovacuum {w['autovacuum_count']}, checkpoints {w['checkpoints']}, "
+                    f"HOT updates {pc.fmt(w['hot_update_pct'], 0)} %, "
                     f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}; "
                     f"cores busy {pc.fmt(w['machine_cores'], 2)} (pgbench {w['client_cores']:.2f}, steal "
                     f"{pc.fmt(w['steal_cores'], 2)}, foreign {pc.fmt(w['foreign_cores'], 2)}), waiting for a core "
@@ -997,6 +1003,9 @@ def main():
                     help=f"server settings for the soak's cluster (ALTER SYSTEM SET), recorded in the JSON "
                          f"[{RECOMMENDED_PG_SETTINGS}: the README's advice for high steady rates; 'none' keeps "
                          f"PostgreSQL's defaults]")
+    ap.add_argument("--table-sql", metavar="FILE",
+                    help="SQL run once after the migration, before any point (an experiment on the table, e.g. "
+                         "bench/experiments/hot-marks.sql; its text is recorded in the JSON)")
     a = ap.parse_args()
     pc.terminate_on_signals()
     points = {int(x) for x in a.points.split(",") if x.strip()}
@@ -1005,6 +1014,9 @@ def main():
     log(f"migrating outbox_events with {binary['path']}")
     pc.migrate(binary["copy"], pc.Db(a.url, a.pg_dir).relay_env())
     s = Soak(a, binary["copy"])
+    if a.table_sql:
+        log(f"running {a.table_sql} on the migrated table")
+        s.db.psql(Path(a.table_sql).read_text())
     if a.max_wal_size != "default":
         s.db.psql(f"ALTER SYSTEM SET max_wal_size = '{a.max_wal_size}'", "SELECT pg_reload_conf()")
         time.sleep(0.5)
@@ -1021,6 +1033,8 @@ def main():
     time.sleep(0.5)
     doc = {"meta": pc.base_meta(s.db), "binary": binary, "config": {k: v for k, v in vars(a).items() if k != "url"}}
     doc["meta"]["schema_versions"] = s.db.schema_versions()
+    if a.table_sql:
+        doc["meta"]["table_sql"] = Path(a.table_sql).read_text()
     doc["meta"]["max_wal_size"] = s.db.psql("SHOW max_wal_size")
     doc["meta"]["pg_settings"] = {n.partition("=")[0]: s.db.psql(f"SHOW {n.partition('=')[0]}") for n in settings}
     doc["meta"]["checkpoint_timeout"] = s.db.psql("SHOW checkpoint_timeout")
