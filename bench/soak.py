@@ -19,30 +19,30 @@ defaults), and logs every autovacuum run.
    bucket as Prometheus' histogram_quantile does). Targets: >= 0.9 x the events/s, claim p99 <=
    1.5 x.
 3. Soak: paced writers (pgbench -R RATE -c 8 -j 2, one INSERT of --events-per-txn (10) events a
-   transaction, the events of bench/steady.sh) for
-   --soak-minutes (30) at --soak-rate (default: 40 % of point 1's small drain rate), with a relay
-   running on_success mark + retention 2m, then again on a fresh table with on_success delete.
-   Every 30 s: the table's, its TOAST's and each index's size, n_live_tup/n_dead_tup, autovacuum
-   and autoanalyze runs, the share of the window's updates that were HOT, commit-to-sink p50/p99/max of the lines that reached the sink in the
-   window (the line's arrival time minus the row's created_at, as in bench/steady.py: created_at
-   is the start of the writer's INSERT, so this includes the writer's own commit), the same from
-   the moment the COMMIT returned for the events of a probe writer beside them (PROBE_RATE single-
-   event transactions a second, every one logged; its events' p99 per window), what the
-   cluster's statements running for over 20 ms wait for (pg_stat_activity every 50 ms), relay CPU
-   and Postgres CPU (the whole cluster: writers' backends, the relay's sessions, autovacuum,
-   checkpointer) per event, the p99 of the relay's claim and publish calls (its histograms), the
-   relay's own created_at-to-ack p99 and share of events over 20 ms (its delivery histogram: the
-   tailer's figure lags when this process waits for a core), how many seconds of the window had
-   an event over 20 ms, the largest dirty page cache (/proc/meminfo), the machine's busy cores
-   (/proc/stat; of which steal, pgbench's own CPU, and foreign: the rest beside Postgres, the
-   relay, pgbench and this process, steal included) and the share of the window in which a runnable task waited for a core
+   transaction, the events of bench/steady.sh) for --soak-minutes (30) at --soak-rate (default: 40 %
+   of point 1's small drain rate), with a relay running on_success mark + retention 2m, then again
+   on a fresh table with on_success delete. Every 30 s: the table's, its TOAST's and each index's
+   size, n_live_tup/n_dead_tup, autovacuum and autoanalyze runs, the share of the window's updates
+   that were HOT, commit-to-sink p50/p99/max of the lines that reached the sink in the window (the
+   line's arrival time minus the row's created_at, as in bench/steady.py: created_at is the start of
+   the writer's INSERT, so this includes the writer's own commit), the same from the moment the
+   COMMIT returned for the events of a probe writer beside them (PROBE_RATE single-event
+   transactions a second, every one logged; its events' p99 per window), what the cluster's
+   statements running for over 20 ms wait for (pg_stat_activity every 50 ms), relay CPU and Postgres
+   CPU (the whole cluster: writers' backends, the relay's sessions, autovacuum, checkpointer) per
+   event, the p99 of the relay's claim and publish calls (its histograms), the relay's own
+   created_at-to-ack p99 and share of events over 20 ms (its delivery histogram: the tailer's figure
+   lags when this process waits for a core), how many seconds of the window had an event over 20 ms,
+   the largest dirty page cache (/proc/meminfo), the machine's busy cores (/proc/stat; of which
+   steal, pgbench's own CPU, and foreign: the rest beside Postgres, the relay, pgbench and this
+   process, steal included) and the share of the window in which a runnable task waited for a core
    (/proc/pressure/cpu "some"). Before the soaks, the same writers run alone for
-   --writers-alone-seconds (60; no relay, empty table): Postgres per event and the cores without
-   the relay, so that the report gives the relay's share (its process plus the Postgres work it
-   causes). Targets: after minute 10 the table + TOAST + indexes stay within
-   +-25 % of the minute-10 size; every window's p99 <= 20 ms; CPU per event (relay + Postgres) in
-   the last 10 minutes <= 1.2 x the first 10 minutes. Every id up to the last one written reaches
-   the sink exactly once. Plot: bench/soak-<mode>.png (size, dead tuples, latency per window).
+   --writers-alone-seconds (60; no relay, empty table): Postgres per event and the cores without the
+   relay, so that the report gives the relay's share (its process plus the Postgres work it causes).
+   Targets: after minute 10 the table + TOAST + indexes stay within +-25 % of the minute-10 size;
+   every window's p99 <= 20 ms; CPU per event (relay + Postgres) in the last 10 minutes <= 1.2 x the
+   first 10 minutes. Every id up to the last one written reaches the sink exactly once. Plot:
+   bench/soak-<mode>.png (size, dead tuples, latency per window).
 4. Catch-up: writers at the soak rate; the relay is stopped until the backlog reaches
    --catchup-backlog (1,000,000); then it starts (mark + retention 2m) while the writers go on.
    Time until the backlog is gone (pending < what the writers add in 100 ms), the catch-up rate
@@ -545,7 +545,7 @@ class Soak:
              **{k: cpu[k] for k in ("machine_cores", "steal_cores", "foreign_cores", "cpu_pressure")}}
         log(f"  writers alone: {events:,} events, Postgres {pc.fmt(r['postgres_us'], 1)} us/event, cores busy "
             f"{pc.fmt(r['machine_cores'], 2)} (pgbench {r['client_cores']:.2f}, steal {pc.fmt(r['steal_cores'], 2)}), "
-            f"waiting for a core {pc.fmt(100 * r['cpu_pressure'] if r['cpu_pressure'] is not None else None, 0)} %")
+            f"waiting for a core {fmt_share(r['cpu_pressure'])} %")
         return r
 
     def soak(self, mode):
@@ -619,7 +619,7 @@ class Soak:
                     f"us/ev relay {pc.fmt(w['relay_us'], 1)} + PG {pc.fmt(w['postgres_us'], 1)}; "
                     f"cores busy {pc.fmt(w['machine_cores'], 2)} (pgbench {w['client_cores']:.2f}, steal "
                     f"{pc.fmt(w['steal_cores'], 2)}, foreign {pc.fmt(w['foreign_cores'], 2)}), waiting for a core "
-                    f"{pc.fmt(100 * w['cpu_pressure'] if w['cpu_pressure'] is not None else None, 0)} %; "
+                    f"{fmt_share(w['cpu_pressure'])} %; "
                     f"p99 claim {pc.fmt(w['claim_p99_ms'], 1)} publish {pc.fmt(w['publish_p99_ms'], 1)} "
                     f"(>= 100 ms: {w['claims_over_100ms']} claims, {w['publishes_over_100ms']} publishes), "
                     f"delivery (relay's histogram) {pc.fmt(w['relay_delivery_p99_ms'], 1)} ms, "
@@ -718,6 +718,11 @@ def median_drain(runs: list) -> dict:
             "claim_p99_ms": pc.median([r["claim_p99_ms"] for r in runs], 3),
             "missing": sum(r["missing"] for r in runs), "duplicated": sum(r["duplicated"] for r in runs),
             "foreign_cores": max((r["foreign_cores"] or 0) for r in runs), "rounds": runs}
+
+
+def fmt_share(x):
+    """A share (0..1) as a whole percentage, '-' when unknown."""
+    return pc.fmt(None if x is None else 100 * x, 0)
 
 
 def writer_windows(log_prefix: Path, windows: list):
@@ -900,7 +905,7 @@ def print_report(doc, a):
         rows.append([f"3. the writers alone (no relay), {a.soak_rate:,}/s, {alone['seconds']:g} s: Postgres per event, "
                      "cores busy, share of time a task waited for a core",
                      f"{pc.fmt(alone['postgres_us'], 1)} us, {pc.fmt(alone['machine_cores'], 2)} of {doc['meta'].get('nproc')}, "
-                     f"{pc.fmt(100 * alone['cpu_pressure'] if alone['cpu_pressure'] is not None else None, 0)} %",
+                     f"{fmt_share(alone['cpu_pressure'])} %",
                      "report", "-"])
     for mode, r in doc.get("soak", {}).items():
         f = r["figures"]
@@ -927,7 +932,7 @@ def print_report(doc, a):
         if "machine_cores_median" in f:
             rows.append([f"{lbl}: cores busy / share of time a task waited for a core, median window",
                          f"{f['machine_cores_median']:.2f} of {doc['meta'].get('nproc')} / "
-                         f"{pc.fmt(100 * f['cpu_pressure_median'] if f.get('cpu_pressure_median') is not None else None, 0)} %",
+                         f"{fmt_share(f.get('cpu_pressure_median'))} %",
                          "report", "-"])
         if alone and alone.get("postgres_us") and "postgres_us_median" in f and "relay_us_median" in f:
             relay_us, pg_us = f["relay_us_median"], f["postgres_us_median"]
@@ -1014,9 +1019,10 @@ def main():
     log(f"migrating outbox_events with {binary['path']}")
     pc.migrate(binary["copy"], pc.Db(a.url, a.pg_dir).relay_env())
     s = Soak(a, binary["copy"])
-    if a.table_sql:
+    table_sql = Path(a.table_sql).read_text() if a.table_sql else None
+    if table_sql:
         log(f"running {a.table_sql} on the migrated table")
-        s.db.psql(Path(a.table_sql).read_text())
+        s.db.psql(table_sql)
     if a.max_wal_size != "default":
         s.db.psql(f"ALTER SYSTEM SET max_wal_size = '{a.max_wal_size}'", "SELECT pg_reload_conf()")
         time.sleep(0.5)
@@ -1033,8 +1039,8 @@ def main():
     time.sleep(0.5)
     doc = {"meta": pc.base_meta(s.db), "binary": binary, "config": {k: v for k, v in vars(a).items() if k != "url"}}
     doc["meta"]["schema_versions"] = s.db.schema_versions()
-    if a.table_sql:
-        doc["meta"]["table_sql"] = Path(a.table_sql).read_text()
+    if table_sql:
+        doc["meta"]["table_sql"] = table_sql
     doc["meta"]["max_wal_size"] = s.db.psql("SHOW max_wal_size")
     doc["meta"]["pg_settings"] = {n.partition("=")[0]: s.db.psql(f"SHOW {n.partition('=')[0]}") for n in settings}
     doc["meta"]["checkpoint_timeout"] = s.db.psql("SHOW checkpoint_timeout")
