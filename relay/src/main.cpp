@@ -54,6 +54,19 @@ outbox::config::Config load(const Options& o) {
   return c;
 }
 
+nlohmann::json open_writer_json(const outbox::pg::OpenWriterStatus& w) {
+  return {{"pid", w.pid},
+          {"application_name", w.application_name},
+          {"client_addr", w.client_addr},
+          {"state", w.state},
+          {"transaction_age_seconds", w.xact_age_seconds},
+          {"query", w.query},
+          {"wait_event", w.wait_event},
+          {"lanes_known", w.lanes_known},
+          {"lanes", w.lanes},
+          {"events_held", w.events_held}};
+}
+
 int print_status(const outbox::config::Config& c, bool json) {
   const auto report = outbox::pg::query_status(c.database.url, c.database.table);
   if (json) {
@@ -63,10 +76,13 @@ int print_status(const outbox::config::Config& c, bool json) {
                         {"oldest_pending_age_seconds", t.oldest_pending_age_seconds},
                         {"dead_lettered", t.dead_lettered}});
     }
+    nlohmann::json writers = nlohmann::json::array();
+    for (const auto& w : report.open_writers) writers.push_back(open_writer_json(w));
     std::cout << nlohmann::json{{"pending", report.pending},
                                 {"oldest_pending_age_seconds", report.oldest_pending_age_seconds},
                                 {"dead_lettered", report.dead_lettered},
-                                {"topics", topics}}
+                                {"topics", topics},
+                                {"open_writers", writers}}
                      .dump(2)
               << "\n";
     return 0;
@@ -78,6 +94,20 @@ int print_status(const outbox::config::Config& c, bool json) {
   }
   std::printf("%-40s %10lld %14.1f %14lld\n", "TOTAL", report.pending, report.oldest_pending_age_seconds,
               report.dead_lettered);
+  if (!report.open_writers.empty()) {
+    // README "An event stream stalled: find the writer".
+    std::printf("\nOpen writer transactions that may hold events back (oldest first):\n");
+    for (const auto& w : report.open_writers) {
+      std::string lanes = w.lanes_known ? "" : "all (its current statement inserts, or its activity is not visible)";
+      for (int lane : w.lanes_known ? w.lanes : std::vector<int>{}) lanes += (lanes.empty() ? "" : ",") + std::to_string(lane);
+      std::printf("  pid %d  application %s  client %s  state %s  age %.1f s  lanes %s  events held %lld\n"
+                  "    query: %s\n",
+                  w.pid, w.application_name.empty() ? "-" : w.application_name.c_str(),
+                  w.client_addr.empty() ? "-" : w.client_addr.c_str(),
+                  w.state.empty() ? "(not visible)" : w.state.c_str(), w.xact_age_seconds, lanes.c_str(),
+                  w.events_held, w.query.c_str());
+    }
+  }
   return 0;
 }
 

@@ -87,8 +87,13 @@ int run_relay(const config::Config& config) {
   Bell bell;
   Health health;
   // Declared before ops, whose threads read it, so that it outlives them.
-  pg::PgStoreOptions store_options{config.database.url, config.database.table, instance_id, config.relay.lease,
-                                   config.relay.on_success == config::OnSuccess::kDelete, &health};
+  pg::PgStoreOptions store_options{config.database.url,
+                                   config.database.table,
+                                   instance_id,
+                                   config.relay.lease,
+                                   config.relay.on_success == config::OnSuccess::kDelete,
+                                   config.relay.writer_hold_warning,
+                                   &health};
   pg::PgStore store(store_options);
   Ops ops(config, sinks, health, bell);  // binds http.listen: ConfigError (exit 2) if it cannot
   Metrics& metrics = ops.metrics();

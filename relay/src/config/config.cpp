@@ -42,6 +42,7 @@ RelaySection parse_relay(Section& s) {
   RelaySection c;
   c.batch_size = static_cast<std::size_t>(s.integer_or("batch_size", static_cast<long long>(c.batch_size), 1, 10'000));
   c.lease = s.duration_or("lease", c.lease);
+  c.writer_hold_warning = s.duration_or("writer_hold_warning", c.writer_hold_warning);
   c.sweep_interval = s.duration_or("sweep_interval", c.sweep_interval);
   c.poll_interval = s.duration_or("poll_interval", c.poll_interval);
   c.idle_poll_interval = s.duration_or("idle_poll_interval", c.idle_poll_interval);
@@ -227,6 +228,7 @@ nlohmann::json describe(const Config& c) {
       {"relay",
        {{"batch_size", c.relay.batch_size},
         {"lease", format_duration(c.relay.lease)},
+        {"writer_hold_warning", format_duration(c.relay.writer_hold_warning)},
         {"sweep_interval", format_duration(c.relay.sweep_interval)},
         {"poll_interval", format_duration(c.relay.poll_interval)},
         {"light_poll_interval", format_duration(c.relay.light_poll_interval)},

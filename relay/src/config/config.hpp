@@ -49,6 +49,9 @@ struct RelaySection {
   // second deletes about a second of events, paced; passes minutes apart deleted minutes of events
   // at once, and writers' commits waited behind the WAL of it (bench/soak.sh).
   std::chrono::milliseconds retention_interval{1'000};
+  // A writer transaction that has held events back for this long is named in a warning (then at
+  // most once a minute while it goes on): README "An event stream stalled: find the writer".
+  std::chrono::milliseconds writer_hold_warning{5'000};
 };
 
 struct HttpConfig {

@@ -25,6 +25,9 @@ class Metrics {
   virtual void db_error(DbErrorClass /*kind*/) {}
   virtual void ready(bool /*is_ready*/) {}
   virtual void lanes_owned(int /*count*/) {}
+  // Open writer transactions holding back events of this instance's lanes (Store::writer_holds):
+  // the committed events they hold back and the age of the oldest of them (0, 0: none).
+  virtual void writers_holding(std::size_t /*events*/, double /*oldest_writer_seconds*/) {}
 };
 
 }  // namespace outbox

@@ -151,6 +151,11 @@ void Runner::session() {
         last_found = clock_.now();
         if (probe) metrics_.wakeup(WakeSource::kPoll);
       }
+      if (holds_shown_ || store_.waiting_for_writers()) {
+        const WriterHolds holds = store_.writer_holds();
+        metrics_.writers_holding(holds.events, holds.oldest_writer_seconds);
+        holds_shown_ = !holds.writers.empty();
+      }
     }
     if (waiter_.stopped()) return;
 

@@ -96,6 +96,8 @@ class Runner {
     long long width = 0;
   };
   Sweep sweep_;
+  // Whether the metrics last showed writers holding events back (reported until they show none).
+  bool holds_shown_ = false;
   // Events polls found, and the seconds they covered, smoothed over the last few polls.
   double recent_events_ = 0;
   double recent_seconds_ = 0;

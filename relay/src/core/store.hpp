@@ -9,6 +9,7 @@
 
 #include "core/db_error.hpp"
 #include "core/event.hpp"
+#include "core/lane_bounds.hpp"
 
 namespace outbox {
 
@@ -102,6 +103,9 @@ class Store {
   // checked: a claim() checks it, a poll that finds nothing new does not. watch_from() then
   // gives the reading's last id, above which ids were drawn after it.
   virtual bool reading_pending() const { return false; }
+  // The open writer transactions holding back events of this instance's lanes, as last read
+  // (schema/005); empty before that schema or when none does.
+  virtual WriterHolds writer_holds() const { return {}; }
 };
 
 }  // namespace outbox

@@ -125,6 +125,18 @@ struct PrometheusMetrics::Impl {
                      .Help("Ordering lanes (of 64) this instance currently publishes")
                      .Register(registry)
                      .Add({});
+  Gauge& held = prometheus::BuildGauge()
+                    .Name("outbox_relay_held_events")
+                    .Help("Committed events of this instance's lanes held back by an open writer transaction that "
+                          "may still commit an earlier event of their lanes (counted at most once a second)")
+                    .Register(registry)
+                    .Add({});
+  Gauge& oldest_writer = prometheus::BuildGauge()
+                             .Name("outbox_relay_oldest_open_writer_seconds")
+                             .Help("Age of the oldest open writer transaction holding events back, 0 when none "
+                                   "(the log and `outbox-relay status` name it)")
+                             .Register(registry)
+                             .Add({});
   Counter& retention = prometheus::BuildCounter()
                            .Name("outbox_relay_retention_deleted_total")
                            .Help("Processed rows deleted by relay.retention")
@@ -214,6 +226,11 @@ void PrometheusMetrics::db_error(DbErrorClass kind) {
 void PrometheusMetrics::ready(bool is_ready) { impl_->ready_gauge.Set(is_ready ? 1 : 0); }
 
 void PrometheusMetrics::lanes_owned(int count) { impl_->lanes.Set(count); }
+
+void PrometheusMetrics::writers_holding(std::size_t events, double oldest_writer_seconds) {
+  impl_->held.Set(static_cast<double>(events));
+  impl_->oldest_writer.Set(oldest_writer_seconds);
+}
 
 void PrometheusMetrics::backlog(const BacklogGauges& values) {
   impl_->pending.Set(static_cast<double>(values.pending));

@@ -42,6 +42,7 @@ class PrometheusMetrics final : public Metrics {
   void db_error(DbErrorClass kind) override;
   void ready(bool is_ready) override;
   void lanes_owned(int count) override;
+  void writers_holding(std::size_t events, double oldest_writer_seconds) override;
 
   // Fed by the relay's own timers.
   void backlog(const BacklogGauges& values);

@@ -72,6 +72,44 @@ DbError admin_failure(const char* what, const std::exception& e, const std::stri
   return DbError(message, kind, std::move(hint));
 }
 
+namespace {
+
+// The writers that may hold events back, from the table's reading function (schema/005), oldest
+// first; none before that schema.
+std::vector<OpenWriterStatus> query_open_writers(pqxx::transaction_base& tx, const std::string& table) {
+  const std::string fn = function_prefix(table) + "_writers";
+  if (tx.exec_params1("SELECT to_regprocedure($1) IS NULL", fn + "()")[0].as<bool>()) return {};
+  const auto rows = tx.exec(
+      "SELECT w.pid, coalesce(w.application_name, ''), coalesce(w.client_addr, ''), coalesce(w.state, ''), "
+      "  coalesce(w.query, ''), coalesce(w.wait_event, ''), coalesce(w.xact_age_seconds, 0), w.complete, w.lanes, "
+      "  (SELECT count(*) FROM " + table + " AS c WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
+      "     AND (NOT w.complete OR (w.lanes & (1::bigint << c.lane)) <> 0) "
+      "     AND c.created_at >= clock_timestamp() - coalesce(w.xact_age_seconds, 0) * interval '1 second') "
+      "FROM " + fn + "() AS w WHERE w.vxid IS NOT NULL AND (w.lanes <> 0 OR NOT w.complete) "
+      "ORDER BY w.xact_age_seconds DESC NULLS LAST LIMIT 20");
+  std::vector<OpenWriterStatus> out;
+  for (const auto& row : rows) {
+    OpenWriterStatus w;
+    w.pid = row[0].is_null() ? 0 : row[0].as<int>();
+    w.application_name = row[1].as<std::string>();
+    w.client_addr = row[2].as<std::string>();
+    w.state = row[3].as<std::string>();
+    w.query = row[4].as<std::string>();
+    w.wait_event = row[5].as<std::string>();
+    w.xact_age_seconds = row[6].as<double>();
+    w.lanes_known = row[7].as<bool>();
+    const auto mask = static_cast<std::uint64_t>(row[8].as<long long>());
+    for (int lane = 0; lane < 64; ++lane) {
+      if ((mask >> lane) & 1U) w.lanes.push_back(lane);
+    }
+    w.events_held = row[9].as<long long>();
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace
+
 StatusReport query_status(const std::string& url, const std::string& table) {
   try {
     auto conn = open_session(url, "status");
@@ -93,6 +131,7 @@ StatusReport query_status(const std::string& url, const std::string& table) {
       report.oldest_pending_age_seconds = std::max(report.oldest_pending_age_seconds, t.oldest_pending_age_seconds);
       report.topics.push_back(std::move(t));
     }
+    report.open_writers = query_open_writers(tx, table);
     return report;
   } catch (const std::exception& e) {
     fail("status", e, url, table);

@@ -39,11 +39,27 @@ struct TopicStatus {
   long long dead_lettered = 0;
 };
 
+// An open transaction that holds ROW EXCLUSIVE on the table and may hold events back (schema/005):
+// it marked lanes, or its lanes are not known (a statement still inserting, activity not visible).
+struct OpenWriterStatus {
+  int pid = 0;
+  std::string application_name;
+  std::string client_addr;
+  std::string state;       // pg_stat_activity.state; empty when not visible
+  std::string query;       // the first 200 characters
+  std::string wait_event;  // "type:event", or empty
+  double xact_age_seconds = 0;
+  bool lanes_known = false;  // false: it may hold any lane
+  std::vector<int> lanes;    // its lane marks
+  long long events_held = 0;  // pending events of its lanes committed since it began
+};
+
 struct StatusReport {
   std::vector<TopicStatus> topics;
   long long pending = 0;
   double oldest_pending_age_seconds = 0;
   long long dead_lettered = 0;
+  std::vector<OpenWriterStatus> open_writers;  // oldest first; empty before schema 5
 };
 
 StatusReport query_status(const std::string& url, const std::string& table);

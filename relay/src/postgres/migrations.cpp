@@ -37,6 +37,9 @@ std::string render_migration(const std::string& sql, const std::string& table, c
   replace_all(out, "{{prefix}}", function_prefix(table));
   replace_all(out, "{{channel}}", channel);
   replace_all(out, "{{fence_tag}}", std::to_string(fence_tag(table)));
+  const WriterMarkKeys marks = writer_mark_keys(table);
+  replace_all(out, "{{mark_ns}}", std::to_string(marks.lanes));
+  replace_all(out, "{{statement_ns}}", std::to_string(marks.statements));
   return out;
 }
 

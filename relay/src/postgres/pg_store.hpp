@@ -11,7 +11,7 @@
 
 namespace outbox::pg {
 
-inline constexpr int kLaneCount = 64;  // fixed by the schema's lane column
+using outbox::kLaneCount;  // fixed by the schema's lane column (core/lane_bounds.hpp)
 
 struct PgStoreOptions {
   std::string url;
@@ -19,6 +19,9 @@ struct PgStoreOptions {
   std::string instance_id;
   std::chrono::milliseconds lease{60'000};
   bool delete_on_success = false;
+  // A writer that has held events back for this long is named in a warning (then at most once a
+  // minute while it goes on).
+  std::chrono::milliseconds writer_hold_warning{5'000};
   // Where connect() reports whether database.url leads to a transaction pooler (readiness); may
   // be null. Must outlive the store.
   Health* health = nullptr;
@@ -44,6 +47,7 @@ class PgStore final : public Store {
   bool waiting_for_writers() const override;
   std::optional<long long> watch_from() const override;
   bool reading_pending() const override;
+  WriterHolds writer_holds() const override;
   std::optional<long long> sweep_upto() const override;
   std::optional<long long> first_claimable(long long after, long long upto) override;
 
@@ -71,5 +75,13 @@ std::string rfc3339_utc(long long epoch_us);
 
 // The 22-bit tag in the high bits of the writers' fence locks of a table (see schema/001).
 long long fence_tag(const std::string& table);
+
+// The advisory-lock namespaces (first key) of the writers' lane marks and statement marks of a
+// table (schema/005).
+struct WriterMarkKeys {
+  int lanes = 0;
+  int statements = 0;
+};
+WriterMarkKeys writer_mark_keys(const std::string& table);
 
 }  // namespace outbox::pg

@@ -1,0 +1,133 @@
+#include "core/lane_bounds.hpp"
+
+#include <algorithm>
+
+namespace outbox {
+
+void LaneBounds::reset() {
+  resolved_ = -1;
+  known_.fill(-1);
+  covered_.fill(-1);
+  last_id_ = -1;
+  pending_.reset();
+  last_reading_ = {};
+  read_at_.reset();
+  frontier_ = floor_ = tracked_last_ = -1;
+}
+
+void LaneBounds::uncover() { covered_.fill(-1); }
+
+void LaneBounds::resolve(long long upto, LaneMask lanes) {
+  for (int lane = 0; lane < kLaneCount; ++lane) {
+    if ((lanes & lane_bit(lane)) != 0) known_[lane] = std::max(known_[lane], upto);
+  }
+  resolved_ = std::max(resolved_, *std::min_element(known_.begin(), known_.end()));
+}
+
+void LaneBounds::track(Time now, LaneMask owned) {
+  long long frontier = -1;
+  long long floor = -1;
+  bool first = true;
+  for (int lane = 0; lane < kLaneCount; ++lane) {
+    if ((owned & lane_bit(lane)) == 0) continue;
+    frontier = first ? covered_[lane] : std::max(frontier, covered_[lane]);
+    floor = first ? covered_[lane] : std::min(floor, covered_[lane]);
+    first = false;
+  }
+  // A bound at the last id drawn is not stalled (nothing above it was drawn); one that moved, or
+  // was at the last id before, is stalled from now on at the most.
+  if (frontier > frontier_ || frontier >= last_id_ || frontier_ >= tracked_last_) frontier_moved_ = now;
+  if (floor > floor_ || floor >= last_id_ || floor_ >= tracked_last_) floor_moved_ = now;
+  tracked_last_ = last_id_;
+  frontier_ = frontier;
+  floor_ = floor;
+}
+
+void LaneBounds::claimed(Time now, LaneMask owned, long long bound, const LaneIds& lane_bounds, long long last_id) {
+  last_id_ = last_id;
+  covered_ = lane_bounds;
+  for (int lane = 0; lane < kLaneCount; ++lane) known_[lane] = std::max(known_[lane], lane_bounds[lane]);
+  resolved_ = std::max({resolved_, bound, *std::min_element(known_.begin(), known_.end())});
+  track(now, owned);
+}
+
+void LaneBounds::unchanged(Time now, LaneMask owned, long long last_id) {
+  last_id_ = last_id;
+  track(now, owned);
+}
+
+void LaneBounds::apply(const WriterReading& reading, const WriterReading& open) {
+  LaneMask marked = 0;
+  for (const auto& w : open.writers) marked |= w.holds();
+  resolve(reading.last_id, ~marked);
+}
+
+void LaneBounds::read(Time now, const WriterReading& reading) {
+  read_at_ = now;
+  last_reading_ = reading;
+  if (pending_) {
+    // Which of the pending reading's holders are still open (a transaction keeps its vxid).
+    WriterReading open;
+    bool incomplete_open = false;
+    for (const auto& w : pending_->writers) {
+      const bool still = std::any_of(reading.writers.begin(), reading.writers.end(),
+                                     [&](const OpenWriter& now_open) { return now_open.vxid == w.vxid; });
+      if (!still) continue;
+      open.writers.push_back(w);
+      incomplete_open = incomplete_open || !w.complete;
+    }
+    if (!incomplete_open) {
+      apply(*pending_, open);
+      pending_.reset();
+    }
+  }
+  const bool all_complete =
+      std::all_of(reading.writers.begin(), reading.writers.end(), [](const OpenWriter& w) { return w.complete; });
+  if (all_complete) {
+    apply(reading, reading);
+  } else if (!pending_) {
+    pending_ = reading;
+  }
+}
+
+LaneMask LaneBounds::held(LaneMask owned) const {
+  LaneMask out = 0;
+  for (int lane = 0; lane < kLaneCount; ++lane) {
+    if ((owned & lane_bit(lane)) != 0 && covered_[lane] < last_id_) out |= lane_bit(lane);
+  }
+  return out;
+}
+
+bool LaneBounds::reading_due(Time now, LaneMask owned) const {
+  if (owned == 0) return false;
+  const bool never = !read_at_;
+  const auto since = never ? Time::duration::max() : now - *read_at_;
+  bool unknown = false;  // an owned lane with nothing resolved yet: its events wait for a reading
+  for (int lane = 0; lane < kLaneCount; ++lane) unknown = unknown || ((owned & lane_bit(lane)) != 0 && known_[lane] < 0);
+  if (unknown || pending_) return since >= pace_.frontier_every;
+  if (held(owned) == 0) return false;
+  const bool frontier_stalled = frontier_ < last_id_ && now - frontier_moved_ >= pace_.stall;
+  if (frontier_stalled && since >= pace_.frontier_every) return true;
+  return floor_ < last_id_ && now - floor_moved_ >= pace_.stall && since >= pace_.held_every;
+}
+
+std::vector<const OpenWriter*> writers_holding(const WriterReading& reading, LaneMask held) {
+  std::vector<const OpenWriter*> out;
+  for (const auto& w : reading.writers) {
+    if ((w.holds() & held) != 0) out.push_back(&w);
+  }
+  return out;
+}
+
+std::string describe_lanes(LaneMask lanes) {
+  if (lanes == ~LaneMask{0}) return "all";
+  std::string out;
+  for (int lane = 0; lane < kLaneCount; ++lane) {
+    if ((lanes & lane_bit(lane)) == 0) continue;
+    if (!out.empty()) out += ',';
+    out += std::to_string(lane);
+  }
+  return out;
+}
+
+}  // namespace outbox

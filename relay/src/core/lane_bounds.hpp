@@ -1,0 +1,145 @@
+#pragma once
+// What the relay knows, lane by lane, of the ids that may still commit (schema/005), and when it
+// reads the writers again. A pure state machine: no I/O, time comes in as arguments; the Postgres
+// store feeds it the claim function's results and the readings of {prefix}_writers.
+//
+// The rule (schema/005 states the argument): a lane is resolved up to an id when every id up to it
+// in that lane is committed or gone for good. A claim publishes a lane's events only up to the
+// lane's bound, which is never above what is resolved there:
+//  - every lane is resolved up to the walk from resolved() (the ids without a gap above it);
+//  - a reading (its last id v, the transactions holding the table's ROW EXCLUSIVE lock) in which
+//    every holder is complete resolves every lane that no holder marked up to v;
+//  - a reading with a holder that is not complete resolves the same once every such holder has
+//    ended (seen gone from a later reading), and every lane once every holder has ended.
+// Knowledge only grows: a lane resolved up to v stays so (new ids are drawn above v).
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace outbox {
+
+inline constexpr int kLaneCount = 64;  // fixed by the schema's lane column
+using LaneIds = std::array<long long, kLaneCount>;
+using LaneMask = std::uint64_t;  // bit n: lane n
+
+inline constexpr LaneMask lane_bit(int lane) { return LaneMask{1} << lane; }
+
+// A transaction that held ROW EXCLUSIVE on the outbox at a reading.
+struct OpenWriter {
+  std::string vxid;      // its virtual transaction id: the identity across readings
+  int pid = 0;           // its backend
+  bool complete = false; // its lane marks cover every id it drew up to the reading's last id
+  LaneMask lanes = 0;    // its lane marks
+  // For the operator (pg_stat_activity; empty when not visible).
+  std::string state;
+  std::string application;
+  std::string client_addr;
+  std::string query;       // the first 200 characters
+  std::string wait_event;  // "type:event", or empty
+  double xact_age_seconds = 0;
+
+  // The lanes whose events it may hold back: its marks, or every lane when it is not complete.
+  LaneMask holds() const { return complete ? lanes : ~LaneMask{0}; }
+};
+
+struct WriterReading {
+  long long last_id = -1;
+  std::vector<OpenWriter> writers;
+};
+
+// Writers holding back events of this instance's lanes, as the last reading saw them.
+struct WriterHold {
+  OpenWriter writer;
+  LaneMask lanes = 0;      // this instance's lanes whose events it holds back
+  std::size_t events = 0;  // committed events of those lanes held back (as last counted)
+};
+struct WriterHolds {
+  std::size_t events = 0;            // committed events held back by open writers (as last counted)
+  double oldest_writer_seconds = 0;  // the age of the oldest writer transaction holding events back; 0: none
+  std::vector<WriterHold> writers;
+};
+
+// How often the writers are read while events are held back.
+struct ReadingPace {
+  // A bound that has not moved for this long while ids above it were drawn: read the writers.
+  std::chrono::milliseconds stall{10};
+  // At most this often while the highest lane bound is stalled, or a reading waits for holders
+  // that were not complete: other lanes' events wait for it.
+  std::chrono::milliseconds frontier_every{10};
+  // At most this often while only some lanes are held (their writer is known; a reading tells
+  // when it has ended, and who it is).
+  std::chrono::milliseconds held_every{100};
+};
+
+class LaneBounds {
+ public:
+  using Time = std::chrono::steady_clock::time_point;
+
+  explicit LaneBounds(ReadingPace pace = {}) : pace_(pace) { reset(); }
+
+  // Nothing known (a new session; the table may have been emptied and its sequence restarted).
+  void reset();
+  // Lanes gained (rebalance): they may hold events below what this instance's claims covered, so
+  // polls look from the start in every lane until the next claim. What is resolved stays known.
+  void uncover();
+
+  // The claim function's answer: bound, every lane's bound (the walk from resolved()), and each
+  // lane's bound, up to which that claim took events (all of them unless it was full).
+  // owned: this instance's lanes (their bounds tell whether events are held back).
+  void claimed(Time now, LaneMask owned, long long bound, const LaneIds& lane_bounds, long long last_id);
+  // A poll that returned at once (nothing new): the bounds are as they were.
+  void unchanged(Time now, LaneMask owned, long long last_id);
+  // A reading of the writers (taken before a claim).
+  void read(Time now, const WriterReading& reading);
+
+  // Before a claim: whether to read the writers first. owned: this instance's lanes.
+  bool reading_due(Time now, LaneMask owned) const;
+
+  // Every id up to it, in every lane, is committed or gone; -1: unknown.
+  long long resolved() const { return resolved_; }
+  // Per lane: every id up to it is committed or gone (>= resolved(), or -1).
+  const LaneIds& known() const { return known_; }
+  // Per lane: the bound of the last claim (what a poll looks above); -1: from the start.
+  const LaneIds& covered() const { return covered_; }
+  long long last_id() const { return last_id_; }
+  // Lanes of `owned` whose bound is below the last id drawn: their later events wait.
+  LaneMask held(LaneMask owned) const;
+  // A reading with holders that were not complete waits for them to end.
+  bool reading_pending() const { return pending_.has_value(); }
+  // The last id of that reading (ids above it were drawn after it), or -1.
+  long long pending_last() const { return pending_ ? pending_->last_id : -1; }
+  // The last reading (for metrics, logs and status).
+  const WriterReading& last_reading() const { return last_reading_; }
+
+ private:
+  void resolve(long long upto, LaneMask lanes);
+  // Notes when the highest and the lowest bound of the owned lanes last moved.
+  void track(Time now, LaneMask owned);
+  // Applies a reading whose holders still open (those of `open`) are all complete.
+  void apply(const WriterReading& reading, const WriterReading& open);
+
+  ReadingPace pace_;
+  long long resolved_ = -1;
+  LaneIds known_{};
+  LaneIds covered_{};
+  long long last_id_ = -1;
+  std::optional<WriterReading> pending_;
+  WriterReading last_reading_;
+  std::optional<Time> read_at_;
+  Time frontier_moved_{};
+  Time floor_moved_{};
+  long long frontier_ = -1;
+  long long floor_ = -1;
+  long long tracked_last_ = -1;  // the last id drawn at the previous track()
+};
+
+// The writers of a reading that hold back events of `held` lanes: not complete, or marks in them.
+std::vector<const OpenWriter*> writers_holding(const WriterReading& reading, LaneMask held);
+
+// Lanes of a mask as "3,17,42" (every lane: "all").
+std::string describe_lanes(LaneMask lanes);
+
+}  // namespace outbox

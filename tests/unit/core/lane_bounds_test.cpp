@@ -1,0 +1,154 @@
+// What is resolved lane by lane, and when the writers are read (core/lane_bounds.hpp): the state
+// machine driven directly, time passed in.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+
+#include "core/lane_bounds.hpp"
+
+using namespace outbox;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Time = LaneBounds::Time;
+const Time kT0{};
+constexpr LaneMask kAll = ~LaneMask{0};
+
+OpenWriter writer(const std::string& vxid, bool complete, LaneMask lanes) {
+  OpenWriter w;
+  w.vxid = vxid;
+  w.complete = complete;
+  w.lanes = lanes;
+  return w;
+}
+
+LaneIds all(long long v) {
+  LaneIds ids{};
+  ids.fill(v);
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("lane bounds: nothing is known until the first reading, which must come first") {
+  LaneBounds b;
+  CHECK(b.resolved() == -1);
+  CHECK(b.reading_due(kT0, kAll));
+  CHECK_FALSE(b.reading_due(kT0, 0));  // no lanes: nothing to claim
+  b.read(kT0, {100, {}});             // nobody open: every id up to 100 is committed or gone
+  CHECK(b.resolved() == 100);
+  CHECK(b.known()[0] == 100);
+  CHECK(b.known()[63] == 100);
+  CHECK_FALSE(b.reading_due(kT0 + 1ms, kAll));
+}
+
+TEST_CASE("lane bounds: a complete writer holds only the lanes it marked") {
+  LaneBounds b;
+  b.read(kT0, {100, {writer("3/7", true, lane_bit(5) | lane_bit(9))}});
+  CHECK(b.resolved() == -1);  // lanes 5 and 9 know nothing yet
+  CHECK(b.known()[5] == -1);
+  CHECK(b.known()[9] == -1);
+  CHECK(b.known()[4] == 100);
+  CHECK(b.known()[10] == 100);
+  CHECK_FALSE(b.reading_pending());
+}
+
+TEST_CASE("lane bounds: a writer whose lanes are unknown holds every lane until it ends") {
+  LaneBounds b;
+  b.read(kT0, {100, {writer("3/7", false, lane_bit(5)), writer("4/2", true, lane_bit(9))}});
+  CHECK(b.known()[0] == -1);  // nothing applies yet
+  CHECK(b.reading_pending());
+  CHECK(b.pending_last() == 100);
+  CHECK_FALSE(b.reading_due(kT0 + 5ms, kAll));
+  CHECK(b.reading_due(kT0 + 10ms, kAll));
+  // Later: 3/7 still open (now complete, lanes 5 and 6): the first reading still waits.
+  b.read(kT0 + 10ms, {150, {writer("3/7", true, lane_bit(5) | lane_bit(6)), writer("4/2", true, lane_bit(9))}});
+  CHECK(b.reading_pending());
+  // ... but the new reading itself is complete: lanes other than 5, 6, 9 are resolved to 150.
+  CHECK(b.known()[0] == 150);
+  CHECK(b.known()[5] == -1);
+  CHECK(b.known()[6] == -1);
+  CHECK(b.known()[9] == -1);
+  // 3/7 ended: the first reading applies with 4/2's marks (lane 9) only.
+  b.read(kT0 + 20ms, {160, {writer("4/2", true, lane_bit(9))}});
+  CHECK_FALSE(b.reading_pending());
+  CHECK(b.known()[5] == 160);  // the new reading: 5 and 6 are free now
+  CHECK(b.known()[6] == 160);
+  CHECK(b.known()[9] == -1);
+  // 4/2 ended too.
+  b.read(kT0 + 30ms, {170, {}});
+  CHECK(b.known()[9] == 170);
+  CHECK(b.resolved() == 170);
+}
+
+TEST_CASE("lane bounds: a pending reading of an incomplete writer applies its lanes to its own last id") {
+  LaneBounds b;
+  b.read(kT0, {100, {}});
+  b.read(kT0 + 1ms, {200, {writer("7/1", false, 0)}});
+  CHECK(b.reading_pending());
+  b.read(kT0 + 12ms, {300, {writer("8/1", false, 0)}});  // 7/1 ended, 8/1 is new and unknown
+  CHECK(b.resolved() == 200);  // the first reading applied, not the second
+  CHECK(b.pending_last() == 300);  // which waits for 8/1 in turn
+}
+
+TEST_CASE("lane bounds: claims raise what is known, and a held lane stalls only itself") {
+  LaneBounds b;
+  const LaneMask owned = kAll;
+  b.read(kT0, {100, {writer("3/7", true, lane_bit(5))}});
+  LaneIds bounds = all(120);
+  bounds[5] = 40;  // lane 5 waits at its first missing id
+  b.claimed(kT0 + 1ms, owned, 40, bounds, 130);
+  CHECK(b.resolved() == 40);
+  CHECK(b.known()[5] == 40);
+  CHECK(b.known()[6] == 120);
+  CHECK(b.covered()[6] == 120);
+  CHECK(b.held(owned) == kAll);  // every lane is below the last id drawn (130)
+  CHECK(b.held(lane_bit(5)) == lane_bit(5));
+  // The frontier reaches the last id drawn; lane 5 does not move: a reading at most every 100 ms.
+  bounds = all(130);
+  bounds[5] = 40;
+  b.claimed(kT0 + 9ms, owned, 40, bounds, 130);
+  CHECK(b.held(owned) == lane_bit(5));
+  b.unchanged(kT0 + 40ms, owned, 131);  // an id drawn above the frontier: stalled from here
+  CHECK_FALSE(b.reading_due(kT0 + 45ms, owned));
+  CHECK(b.reading_due(kT0 + 50ms, owned));  // the frontier stalled for 10 ms
+  b.read(kT0 + 50ms, {131, {writer("3/7", true, lane_bit(5))}});
+  b.claimed(kT0 + 51ms, owned, 40, bounds, 130);  // 131 was not visible after all: gone
+  CHECK_FALSE(b.reading_due(kT0 + 100ms, owned));
+  CHECK(b.reading_due(kT0 + 150ms, owned));
+  // The frontier stalls too: every 10 ms.
+  b.read(kT0 + 150ms, {131, {writer("3/7", true, lane_bit(5))}});
+  b.claimed(kT0 + 152ms, owned, 40, bounds, 140);
+  CHECK_FALSE(b.reading_due(kT0 + 158ms, owned));
+  b.claimed(kT0 + 163ms, owned, 40, bounds, 140);
+  CHECK(b.reading_due(kT0 + 163ms, owned));
+}
+
+TEST_CASE("lane bounds: nothing held means no reading, and the lanes gained are uncovered") {
+  LaneBounds b;
+  b.read(kT0, {10, {}});
+  b.claimed(kT0 + 1ms, kAll, 20, all(20), 20);
+  CHECK(b.held(kAll) == 0);
+  CHECK_FALSE(b.reading_due(kT0 + 1s, kAll));
+  b.unchanged(kT0 + 2s, kAll, 20);
+  CHECK_FALSE(b.reading_due(kT0 + 3s, kAll));
+  b.uncover();
+  CHECK(b.covered()[0] == -1);
+  CHECK(b.known()[0] == 20);  // what is resolved stays known
+  b.reset();
+  CHECK(b.known()[0] == -1);
+  CHECK(b.reading_due(kT0 + 3s, kAll));
+}
+
+TEST_CASE("lane bounds: the writers holding events back and the lanes named") {
+  WriterReading r{50, {writer("1/1", true, lane_bit(3)), writer("2/1", true, lane_bit(4)), writer("3/1", false, 0)}};
+  const auto holding = writers_holding(r, lane_bit(3));
+  REQUIRE(holding.size() == 2);
+  CHECK(holding[0]->vxid == "1/1");
+  CHECK(holding[1]->vxid == "3/1");  // lanes unknown: every lane
+  CHECK(describe_lanes(lane_bit(3) | lane_bit(17) | lane_bit(63)) == "3,17,63");
+  CHECK(describe_lanes(kAll) == "all");
+  CHECK(describe_lanes(0).empty());
+}
