@@ -4,9 +4,10 @@
 Three tables in one database, measured side by side in one run:
   plain_events   CREATE TABLE ... (LIKE outbox_events INCLUDING ALL) WITH (fillfactor = 50):
                  the same columns, identity, generated lane, defaults, checks and indexes, no
-                 triggers;
+                 triggers and without schema 5's lane mark (its writers pay nothing for the outbox);
   outbox_events  `outbox-relay migrate` with the binary under test (its newest schema);
-  prev_events    `outbox-relay --table prev_events migrate --to-version 1` (the previous release).
+  prev_events    `outbox-relay --table prev_events migrate --to-version N` (--prev-version: the
+                 previous release's schema, 4 by default).
 Four pgbench workloads (-n -M prepared, unpaced): 32 and 4 clients, each either a single-row
 INSERT transaction or BEGIN; UPDATE orders (one random row of --orders); INSERT the event; COMMIT.
 Event: topic, aggregate_id 'k' || 1..1000, ~100 bytes of jsonb payload.
@@ -57,10 +58,11 @@ class Writers:
 
     def setup(self, relay_bin):
         env = self.db.relay_env()
-        log("migrating outbox_events (newest schema) and prev_events (version 1)")
+        log(f"migrating outbox_events (newest schema) and prev_events (version {self.a.prev_version})")
         pc.migrate(relay_bin, env)
-        pc.migrate(relay_bin, env, table="prev_events", to_version=1)
+        pc.migrate(relay_bin, env, table="prev_events", to_version=self.a.prev_version)
         self.db.psql("CREATE TABLE plain_events (LIKE outbox_events INCLUDING ALL) WITH (fillfactor = 50)",
+                     "ALTER TABLE plain_events DROP CONSTRAINT IF EXISTS outbox_events_lane_mark",
                      "CREATE TABLE orders (id int PRIMARY KEY, amount bigint NOT NULL, "
                      "updated_at timestamptz NOT NULL DEFAULT now())",
                      f"INSERT INTO orders (id, amount) SELECT g, 1000 FROM generate_series(1, {self.a.orders}) g",
@@ -253,6 +255,8 @@ def main():
                     help="seconds to wait for a missing or changing relay binary (a rebuild) [300]")
     ap.add_argument("--out", required=True, help="result JSON file")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prev-version", type=int, default=4,
+                    help="schema version of prev_events, the previous release's [4]; 1: the NOTIFY trigger")
     ap.add_argument("--seconds", type=float, default=8, help="seconds per point [8]")
     ap.add_argument("--clients-many", type=int, default=32)
     ap.add_argument("--clients-few", type=int, default=4)

@@ -221,6 +221,22 @@ EncodedCompletions encode_completions(std::span<const Completion> completions) {
           others.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
 }
 
+// The claim function's answer: the claimed rows (in id order), then one row whose id is NULL, the
+// bounds, given to on_summary with the events before it.
+template <class OnSummary>
+std::vector<Event> split_claim_rows(const pqxx::result& rows, OnSummary&& on_summary) {
+  std::vector<Event> events;
+  events.reserve(rows.size());
+  for (const auto& row : rows) {
+    if (row[0].is_null()) {
+      on_summary(row, events);
+    } else {
+      events.push_back(event_from_row(row));
+    }
+  }
+  return events;
+}
+
 std::string claim_function_name(const std::string& table) { return function_prefix(table) + "_claim"; }
 
 // Every row the relay writes (leases, outcomes, cleared leases) is written again if a crash of
@@ -629,13 +645,7 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
                         : tx.exec_prepared("claim_fn", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
                                            resolved, probe, encoded.delivered, encoded.others, opt.delete_on_success,
                                            reading_last, reading_holders);
-  std::vector<Event> events;
-  events.reserve(rows.size());
-  for (const auto& row : rows) {
-    if (!row[0].is_null()) {
-      events.push_back(event_from_row(row));
-      continue;
-    }
+  return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
     const long long bound = row[9].as<long long>();
     const long long last_id = row[10].as<long long>();
     resolved = std::max(resolved, bound);
@@ -644,8 +654,7 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
     quiet = probe && events.empty();
     // Held back by an open writer: the runner keeps polling at the short interval.
     fenced = bound < last_id && events.size() < limit;
-  }
-  return events;
+  });
 }
 
 std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe,
@@ -662,13 +671,7 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
                                      others, opt.delete_on_success, floor, lane_literal(lanes.known()),
                                      lane_literal(lanes.covered()));
   now = std::chrono::steady_clock::now();
-  std::vector<Event> events;
-  events.reserve(rows.size());
-  for (const auto& row : rows) {
-    if (!row[0].is_null()) {
-      events.push_back(event_from_row(row));
-      continue;
-    }
+  return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
     const long long bound = row[9].as<long long>();
     const long long last_id = row[10].as<long long>();
     if (row[11].is_null()) {
@@ -685,8 +688,7 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
       holds = {};
       warned.clear();
     }
-  }
-  return events;
+  });
 }
 
 void PgStore::Impl::read_writers(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now) {
