@@ -71,8 +71,19 @@ class Steady:
     def setup(self):
         log("migrating outbox_events (newest schema)")
         pc.migrate(self.relay_bin, self.db.relay_env())
+        # Calls and time of the claim and reading functions per run (pg_stat_user_functions).
+        self.db.psql("ALTER SYSTEM SET track_functions = 'pl'", "SELECT pg_reload_conf()")
         self.script = pc.insert_script(self.work / "insert.sql", "outbox_events", tag_client=True)
         return {"schema_versions": self.db.schema_versions(), "triggers": self.db.triggers("outbox_events")}
+
+    def function_stats(self):
+        """{name: (calls, self ms)} of the outbox functions, as the statistics show them now."""
+        out = {}
+        for line in self.db.psql("SELECT funcname || '|' || calls || '|' || self_time FROM pg_stat_user_functions "
+                                 "WHERE funcname LIKE 'outbox%'").splitlines():
+            name, calls, ms = line.split("|")
+            out[name] = (int(calls), float(ms))
+        return out
 
     def reset(self):
         self.db.psql("TRUNCATE outbox_events RESTART IDENTITY", "CHECKPOINT")
@@ -155,6 +166,8 @@ class Steady:
         log(f"  baseline: {r['processed']:,} events, Postgres {r['cpu']['postgres_cpu_seconds']:.2f} CPU-s, "
             f"foreign load {r['cpu']['foreign_cores']:.2f} cores")
         log(f"  Postgres CPU-s by process: {r['postgres_cpu_by_kind']}")
+        if "functions" in r:
+            log(f"  functions (calls, self ms): {r['functions']}")
         return r
 
     def paced_relay(self, rate, tag):
@@ -166,6 +179,7 @@ class Steady:
             time.sleep(a.settle_seconds)
             log(f"{tag}: {rate}/s, {a.clients} writers, {a.seconds} s, relay running")
             m0 = relay.metrics()
+            f0 = self.function_stats()
             s0 = pc.Snapshot(self.db.postmaster, relay.pid)
             logp = self.work / "pgbench-txn" / "relay"
             logp.parent.mkdir(exist_ok=True)
@@ -192,6 +206,10 @@ class Steady:
             r["last_line_after_writers_s"] = round(tailer.reached_at - t_writers, 4) if drained else None
             r["relay_metrics"] = pc.metrics_delta(m0, m1)
             r["pending_after"] = self.wait_none_pending()
+            time.sleep(1.1)  # a backend reports its function statistics at most once a second
+            f1 = self.function_stats()
+            r["functions"] = {k: {"calls": v[0] - f0.get(k, (0, 0))[0], "self_ms": round(v[1] - f0.get(k, (0, 0))[1], 1)}
+                              for k, v in f1.items()}
             time.sleep(0.2)
         finally:
             r_code = self.stop_relay(relay, tailer)
@@ -214,6 +232,8 @@ class Steady:
             f"COMMIT's return p50 {r.get('commit_latency', {}).get('p50_ms')} p99 {r.get('commit_latency', {}).get('p99_ms')} ms; "
             f"events/claim {r['relay_metrics'].get('events_per_claim')}; foreign load {r['cpu']['foreign_cores']:.2f}")
         log(f"  Postgres CPU-s by process: {r['postgres_cpu_by_kind']}")
+        if "functions" in r:
+            log(f"  functions (calls, self ms): {r['functions']}")
         return r
 
     def commit_times(self, logp):

@@ -71,6 +71,10 @@ CREATE TRIGGER {{prefix}}_statement_mark BEFORE INSERT ON {{table}} FOR EACH STA
   WHEN (NOT pg_try_advisory_xact_lock_shared({{statement_ns}},
           ((date_part('epoch', statement_timestamp()) * 1000000)::bigint & 1023)::integer))
   EXECUTE FUNCTION {{prefix}}_statement_mark_taken();
+-- Also under session_replication_role = replica (a restore, a logical replication apply): a
+-- writer without its statement mark would be read as complete while a drawn id is not yet in any
+-- lane. Disabling this trigger (ALTER TABLE ... DISABLE TRIGGER) breaks per-key order.
+ALTER TABLE {{table}} ENABLE ALWAYS TRIGGER {{prefix}}_statement_mark;
 
 -- 3. The reading. SECURITY DEFINER: it reads the activity of the table's writers with the rights
 -- of the role that ran migrate (which needs pg_read_all_stats, or superuser, to see other roles'
@@ -196,6 +200,7 @@ BEGIN
       v_hi       bigint[];
       v_low      bigint;
       v_high     bigint;
+      v_floor    bigint := -1;  -- no floor: c.id > -1
     BEGIN
       IF cardinality(p_done) > 0 THEN
         IF p_delete THEN
@@ -280,7 +285,10 @@ BEGIN
                              WHERE r.processed_at IS NULL AND r.dead_lettered_at IS NULL AND r.attempts > 0
                                AND r.id < p_floor
                              ORDER BY r.aggregate_id, r.id LIMIT 1) IS NULL THEN
-          v_low := p_floor;  -- schema 3's floor
+          -- Schema 3's floor, per lane: a lane held back at the previous claim (covered below the
+          -- floor) may have events between its bound and the floor, which go first.
+          v_floor := p_floor;
+          SELECT least(p_floor, min(p_covered[l + 1])) INTO v_low FROM unnest(p_lanes) AS l;
         END IF;
       END IF;
       IF v_high IS NOT NULL AND v_high >= 0 THEN
@@ -296,6 +304,7 @@ BEGIN
              AND c.id > v_low AND c.id <= v_high
              AND c.id <= v_hi[c.lane + 1]
              AND (NOT p_probe OR c.id > p_covered[c.lane + 1])
+             AND c.id > least(v_floor, p_covered[c.lane + 1])
              AND (NOT v_waiting OR
                   (SELECT b.id FROM {{table}} AS b
                     WHERE (b.aggregate_id, b.id) >= (c.aggregate_id, 0) AND (b.aggregate_id, b.id) < (c.aggregate_id, c.id)

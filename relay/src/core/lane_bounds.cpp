@@ -5,7 +5,6 @@
 namespace outbox {
 
 void LaneBounds::reset() {
-  resolved_ = -1;
   known_.fill(-1);
   covered_.fill(-1);
   last_id_ = -1;
@@ -21,7 +20,17 @@ void LaneBounds::resolve(long long upto, LaneMask lanes) {
   for (int lane = 0; lane < kLaneCount; ++lane) {
     if ((lanes & lane_bit(lane)) != 0) known_[lane] = std::max(known_[lane], upto);
   }
-  resolved_ = std::max(resolved_, *std::min_element(known_.begin(), known_.end()));
+}
+
+long long LaneBounds::resolved() const {
+  long long out = -1;
+  bool first = true;
+  for (int lane = 0; lane < kLaneCount; ++lane) {
+    if ((owned_ & lane_bit(lane)) == 0) continue;
+    out = first ? known_[lane] : std::min(out, known_[lane]);
+    first = false;
+  }
+  return out;
 }
 
 void LaneBounds::track(Time now, LaneMask owned) {
@@ -43,15 +52,20 @@ void LaneBounds::track(Time now, LaneMask owned) {
   floor_ = floor;
 }
 
-void LaneBounds::claimed(Time now, LaneMask owned, long long bound, const LaneIds& lane_bounds, long long last_id) {
+void LaneBounds::claimed(Time now, LaneMask owned, const LaneIds& lane_bounds, long long last_id) {
+  owned_ = owned;
   last_id_ = last_id;
   covered_ = lane_bounds;
-  for (int lane = 0; lane < kLaneCount; ++lane) known_[lane] = std::max(known_[lane], lane_bounds[lane]);
-  resolved_ = std::max({resolved_, bound, *std::min_element(known_.begin(), known_.end())});
+  // Only the owned lanes' bounds are knowledge: the claim function computed the others from a
+  // walk that started at resolved(), which is the owned lanes' minimum.
+  for (int lane = 0; lane < kLaneCount; ++lane) {
+    if ((owned & lane_bit(lane)) != 0) known_[lane] = std::max(known_[lane], lane_bounds[lane]);
+  }
   track(now, owned);
 }
 
 void LaneBounds::unchanged(Time now, LaneMask owned, long long last_id) {
+  owned_ = owned;
   last_id_ = last_id;
   track(now, owned);
 }
@@ -85,6 +99,10 @@ void LaneBounds::read(Time now, const WriterReading& reading) {
       std::all_of(reading.writers.begin(), reading.writers.end(), [](const OpenWriter& w) { return w.complete; });
   if (all_complete) {
     apply(reading, reading);
+    // A later reading in which every holder is complete does what a pending one would do once its
+    // holders end, and more: every lane it leaves held waits for holders that a reading after
+    // they end resolves anyway.
+    pending_.reset();
   } else if (!pending_) {
     pending_ = reading;
   }
@@ -102,9 +120,8 @@ bool LaneBounds::reading_due(Time now, LaneMask owned) const {
   if (owned == 0) return false;
   const bool never = !read_at_;
   const auto since = never ? Time::duration::max() : now - *read_at_;
-  bool unknown = false;  // an owned lane with nothing resolved yet: its events wait for a reading
-  for (int lane = 0; lane < kLaneCount; ++lane) unknown = unknown || ((owned & lane_bit(lane)) != 0 && known_[lane] < 0);
-  if (unknown || pending_) return since >= pace_.frontier_every;
+  if (never) return true;  // nothing is resolved before the first reading
+  if (pending_) return since >= pace_.frontier_every;
   if (held(owned) == 0) return false;
   const bool frontier_stalled = frontier_ < last_id_ && now - frontier_moved_ >= pace_.stall;
   if (frontier_stalled && since >= pace_.frontier_every) return true;

@@ -85,11 +85,14 @@ class LaneBounds {
   // Lanes gained (rebalance): they may hold events below what this instance's claims covered, so
   // polls look from the start in every lane until the next claim. What is resolved stays known.
   void uncover();
+  // The lanes this instance owns now (resolved() is their minimum).
+  void set_owned(LaneMask owned) { owned_ = owned; }
 
-  // The claim function's answer: bound, every lane's bound (the walk from resolved()), and each
-  // lane's bound, up to which that claim took events (all of them unless it was full).
-  // owned: this instance's lanes (their bounds tell whether events are held back).
-  void claimed(Time now, LaneMask owned, long long bound, const LaneIds& lane_bounds, long long last_id);
+  // The claim function's answer: each lane's bound, up to which that claim took events (all of
+  // them unless it was full), and the last id drawn.
+  // owned: this instance's lanes (their bounds tell whether events are held back, and only theirs
+  // are known from a claim).
+  void claimed(Time now, LaneMask owned, const LaneIds& lane_bounds, long long last_id);
   // A poll that returned at once (nothing new): the bounds are as they were.
   void unchanged(Time now, LaneMask owned, long long last_id);
   // A reading of the writers (taken before a claim).
@@ -98,8 +101,9 @@ class LaneBounds {
   // Before a claim: whether to read the writers first. owned: this instance's lanes.
   bool reading_due(Time now, LaneMask owned) const;
 
-  // Every id up to it, in every lane, is committed or gone; -1: unknown.
-  long long resolved() const { return resolved_; }
+  // Every id up to it, in every lane this instance owned at the last claim, is committed or gone;
+  // -1: unknown.
+  long long resolved() const;
   // Per lane: every id up to it is committed or gone (>= resolved(), or -1).
   const LaneIds& known() const { return known_; }
   // Per lane: the bound of the last claim (what a poll looks above); -1: from the start.
@@ -122,7 +126,7 @@ class LaneBounds {
   void apply(const WriterReading& reading, const WriterReading& open);
 
   ReadingPace pace_;
-  long long resolved_ = -1;
+  LaneMask owned_ = 0;
   LaneIds known_{};
   LaneIds covered_{};
   long long last_id_ = -1;

@@ -108,6 +108,7 @@ struct PgStore::Impl {
     owned = std::move(lanes_now);
     owned_mask = 0;
     for (int lane : owned) owned_mask |= lane_bit(lane);
+    lanes.set_owned(owned_mask);
     owned_count = static_cast<int>(owned.size());
     std::vector<int> v(owned.begin(), owned.end());
     owned_literal = int_array(v.data(), v.data() + v.size());
@@ -265,7 +266,7 @@ LaneIds parse_lane_ids(const std::string& text) {
   out.fill(-1);
   std::size_t lane = 0;
   std::size_t pos = text.find_first_not_of('{');
-  while (pos < text.size() && lane < out.size()) {
+  while (pos < text.size() && text[pos] != '}' && lane < out.size()) {
     const std::size_t end = text.find_first_of(",}", pos);
     out[lane++] = std::stoll(text.substr(pos, end - pos));
     if (end == std::string::npos || text[end] == '}') break;
@@ -672,12 +673,11 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
                                      lane_literal(lanes.covered()));
   now = std::chrono::steady_clock::now();
   return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
-    const long long bound = row[9].as<long long>();
     const long long last_id = row[10].as<long long>();
     if (row[11].is_null()) {
       lanes.unchanged(now, owned_mask, last_id);
     } else {
-      lanes.claimed(now, owned_mask, bound, parse_lane_ids(row[11].c_str()), last_id);
+      lanes.claimed(now, owned_mask, parse_lane_ids(row[11].c_str()), last_id);
     }
     resolved = lanes.resolved();
     const LaneMask held = lanes.held(owned_mask);

@@ -79,6 +79,7 @@ TEST_CASE("defaults fill everything but the url and sinks") {
   CHECK(c.relay.light_poll_interval == milliseconds(8));
   CHECK(c.relay.idle_watch);
   CHECK(c.relay.on_success == OnSuccess::kMark);
+  CHECK(c.relay.writer_hold_warning == milliseconds(5'000));
   CHECK(c.http.listen == "127.0.0.1:9187");
   CHECK(c.routes.empty());
 }
@@ -91,6 +92,7 @@ TEST_CASE("light_poll_interval left out follows a longer poll_interval and a sho
         milliseconds(3));
   CHECK(parse_config("relay: {light_poll_interval: 5ms}\n" + sinks, env).relay.light_poll_interval == milliseconds(5));
   CHECK_FALSE(parse_config("relay: {idle_watch: false}\n" + sinks, env).relay.idle_watch);
+  CHECK(parse_config("relay: {writer_hold_warning: 30s}\n" + sinks, env).relay.writer_hold_warning == milliseconds(30'000));
 }
 
 TEST_CASE("--database-url wins over the file, DATABASE_URL only fills a gap") {
@@ -120,6 +122,7 @@ TEST_CASE("each bad config names its key and what was expected") {
   };
   const Case cases[] = {
       {url + "relay: {lease: 60}" + sinks, "relay.lease: expected a duration"},
+      {url + "relay: {writer_hold_warning: later}" + sinks, "relay.writer_hold_warning: expected a duration"},
       {url + "relay: {sweep_interval: soon}" + sinks, "relay.sweep_interval: expected a duration"},
       {url + "relay: {batch_size: 0}" + sinks, "relay.batch_size: expected a whole number from 1"},
       {url + "relay: {batch_size: lots}" + sinks, "relay.batch_size: expected a whole number"},

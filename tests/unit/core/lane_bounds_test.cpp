@@ -34,6 +34,7 @@ LaneIds all(long long v) {
 
 TEST_CASE("lane bounds: nothing is known until the first reading, which must come first") {
   LaneBounds b;
+  b.set_owned(kAll);
   CHECK(b.resolved() == -1);
   CHECK(b.reading_due(kT0, kAll));
   CHECK_FALSE(b.reading_due(kT0, 0));  // no lanes: nothing to claim
@@ -46,6 +47,7 @@ TEST_CASE("lane bounds: nothing is known until the first reading, which must com
 
 TEST_CASE("lane bounds: a complete writer holds only the lanes it marked") {
   LaneBounds b;
+  b.set_owned(kAll);
   b.read(kT0, {100, {writer("3/7", true, lane_bit(5) | lane_bit(9))}});
   CHECK(b.resolved() == -1);  // lanes 5 and 9 know nothing yet
   CHECK(b.known()[5] == -1);
@@ -57,23 +59,23 @@ TEST_CASE("lane bounds: a complete writer holds only the lanes it marked") {
 
 TEST_CASE("lane bounds: a writer whose lanes are unknown holds every lane until it ends") {
   LaneBounds b;
+  b.set_owned(kAll);
   b.read(kT0, {100, {writer("3/7", false, lane_bit(5)), writer("4/2", true, lane_bit(9))}});
   CHECK(b.known()[0] == -1);  // nothing applies yet
   CHECK(b.reading_pending());
   CHECK(b.pending_last() == 100);
   CHECK_FALSE(b.reading_due(kT0 + 5ms, kAll));
   CHECK(b.reading_due(kT0 + 10ms, kAll));
-  // Later: 3/7 still open (now complete, lanes 5 and 6): the first reading still waits.
+  // Later: 3/7 still open (now complete, lanes 5 and 6). The new reading is complete: lanes other
+  // than 5, 6, 9 are resolved to 150, and the first reading is no longer needed.
   b.read(kT0 + 10ms, {150, {writer("3/7", true, lane_bit(5) | lane_bit(6)), writer("4/2", true, lane_bit(9))}});
-  CHECK(b.reading_pending());
-  // ... but the new reading itself is complete: lanes other than 5, 6, 9 are resolved to 150.
+  CHECK_FALSE(b.reading_pending());
   CHECK(b.known()[0] == 150);
   CHECK(b.known()[5] == -1);
   CHECK(b.known()[6] == -1);
   CHECK(b.known()[9] == -1);
-  // 3/7 ended: the first reading applies with 4/2's marks (lane 9) only.
+  // 3/7 ended.
   b.read(kT0 + 20ms, {160, {writer("4/2", true, lane_bit(9))}});
-  CHECK_FALSE(b.reading_pending());
   CHECK(b.known()[5] == 160);  // the new reading: 5 and 6 are free now
   CHECK(b.known()[6] == 160);
   CHECK(b.known()[9] == -1);
@@ -85,6 +87,7 @@ TEST_CASE("lane bounds: a writer whose lanes are unknown holds every lane until 
 
 TEST_CASE("lane bounds: a pending reading of an incomplete writer applies its lanes to its own last id") {
   LaneBounds b;
+  b.set_owned(kAll);
   b.read(kT0, {100, {}});
   b.read(kT0 + 1ms, {200, {writer("7/1", false, 0)}});
   CHECK(b.reading_pending());
@@ -95,11 +98,12 @@ TEST_CASE("lane bounds: a pending reading of an incomplete writer applies its la
 
 TEST_CASE("lane bounds: claims raise what is known, and a held lane stalls only itself") {
   LaneBounds b;
+  b.set_owned(kAll);
   const LaneMask owned = kAll;
   b.read(kT0, {100, {writer("3/7", true, lane_bit(5))}});
   LaneIds bounds = all(120);
   bounds[5] = 40;  // lane 5 waits at its first missing id
-  b.claimed(kT0 + 1ms, owned, 40, bounds, 130);
+  b.claimed(kT0 + 1ms, owned, bounds, 130);
   CHECK(b.resolved() == 40);
   CHECK(b.known()[5] == 40);
   CHECK(b.known()[6] == 120);
@@ -109,27 +113,28 @@ TEST_CASE("lane bounds: claims raise what is known, and a held lane stalls only 
   // The frontier reaches the last id drawn; lane 5 does not move: a reading at most every 100 ms.
   bounds = all(130);
   bounds[5] = 40;
-  b.claimed(kT0 + 9ms, owned, 40, bounds, 130);
+  b.claimed(kT0 + 9ms, owned, bounds, 130);
   CHECK(b.held(owned) == lane_bit(5));
   b.unchanged(kT0 + 40ms, owned, 131);  // an id drawn above the frontier: stalled from here
   CHECK_FALSE(b.reading_due(kT0 + 45ms, owned));
   CHECK(b.reading_due(kT0 + 50ms, owned));  // the frontier stalled for 10 ms
   b.read(kT0 + 50ms, {131, {writer("3/7", true, lane_bit(5))}});
-  b.claimed(kT0 + 51ms, owned, 40, bounds, 130);  // 131 was not visible after all: gone
+  b.claimed(kT0 + 51ms, owned, bounds, 130);  // 131 was not visible after all: gone
   CHECK_FALSE(b.reading_due(kT0 + 100ms, owned));
   CHECK(b.reading_due(kT0 + 150ms, owned));
   // The frontier stalls too: every 10 ms.
   b.read(kT0 + 150ms, {131, {writer("3/7", true, lane_bit(5))}});
-  b.claimed(kT0 + 152ms, owned, 40, bounds, 140);
+  b.claimed(kT0 + 152ms, owned, bounds, 140);
   CHECK_FALSE(b.reading_due(kT0 + 158ms, owned));
-  b.claimed(kT0 + 163ms, owned, 40, bounds, 140);
+  b.claimed(kT0 + 163ms, owned, bounds, 140);
   CHECK(b.reading_due(kT0 + 163ms, owned));
 }
 
 TEST_CASE("lane bounds: nothing held means no reading, and the lanes gained are uncovered") {
   LaneBounds b;
+  b.set_owned(kAll);
   b.read(kT0, {10, {}});
-  b.claimed(kT0 + 1ms, kAll, 20, all(20), 20);
+  b.claimed(kT0 + 1ms, kAll, all(20), 20);
   CHECK(b.held(kAll) == 0);
   CHECK_FALSE(b.reading_due(kT0 + 1s, kAll));
   b.unchanged(kT0 + 2s, kAll, 20);
