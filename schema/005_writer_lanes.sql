@@ -170,6 +170,8 @@ $visibility$;
 --  p_known[lane + 1]: every id up to it in that lane is committed or gone (>= p_resolved);
 --  p_covered[lane + 1]: what the relay's previous claim covered in that lane (its lane bound):
 --    a poll looks above it only (it writes no lease; schema 2 explains why that is safe).
+--  Both NULL: every lane of the relay is known and covered up to p_resolved (no writer holds a
+--    lane back): the claim is schema 3's, and lane_bounds has one element, every lane's bound.
 --  The function walks the primary key from p_resolved and from the frontier (the highest p_known of
 --  the relay's lanes) to the first id that is not visible, and returns each lane's bound: the
 --  frontier's walk for the lanes at the frontier, p_known for the others, and never less than the
@@ -228,16 +230,20 @@ BEGIN
                WHERE w.processed_at IS NULL AND w.dead_lettered_at IS NULL
                  AND w.attempts > 0 AND w.next_attempt_at > now()
                ORDER BY w.aggregate_id, w.id LIMIT 1) IS NOT NULL,
-             set_config('synchronous_commit', 'off', true) = 'off',
-             (SELECT max(p_known[l + 1]) FROM unnest(p_lanes) AS l)
-        INTO v_last, v_waiting, v_async, v_frontier
+             set_config('synchronous_commit', 'off', true) = 'off'
+        INTO v_last, v_waiting, v_async
         FROM (SELECT coalesce(pg_sequence_last_value(%1$L::regclass), 0) AS last) AS v;
-      v_frontier := greatest(coalesce(v_frontier, -1), p_resolved);
+      -- p_known and p_covered NULL: every lane of the relay is at p_resolved, known and covered
+      -- (the usual case, with no writer holding a lane back): no per-lane work at all.
+      v_frontier := p_resolved;
+      IF p_known IS NOT NULL THEN
+        v_frontier := greatest(p_resolved, (SELECT max(p_known[l + 1]) FROM unnest(p_lanes) AS l));
+      END IF;
       -- A poll returns at once when nothing was committed above the frontier and every lane's
       -- claims covered the frontier already (a lane behind it waits for an open writer, or for what
       -- a reading resolved since).
       IF p_probe AND (SELECT n.id FROM {{table}} AS n WHERE n.id > v_frontier ORDER BY n.id LIMIT 1) IS NULL
-         AND (SELECT min(p_covered[l + 1]) FROM unnest(p_lanes) AS l) >= v_frontier THEN
+         AND (p_covered IS NULL OR (SELECT min(p_covered[l + 1]) FROM unnest(p_lanes) AS l) >= v_frontier) THEN
         bound := p_resolved;
         last_id := p_resolved;
         RETURN NEXT;
@@ -272,10 +278,27 @@ BEGIN
           v_fbound := v_walk;
         END IF;
       END LOOP;
-      v_hi := ARRAY(SELECT greatest(v_bound, CASE WHEN k.v >= v_frontier THEN v_fbound ELSE k.v END)
-                      FROM unnest(p_known) WITH ORDINALITY AS k(v, n) ORDER BY k.n);
+      IF p_known IS NULL THEN
+        -- Every lane alike: schema 3's claim, its bound the walk's.
+        v_hi := ARRAY[v_bound];
+        v_high := v_bound;
+        v_low := CASE WHEN p_probe THEN greatest(p_resolved, 0)
+                      WHEN p_floor > 0 AND (SELECT r.id FROM {{table}} AS r
+                                             WHERE r.processed_at IS NULL AND r.dead_lettered_at IS NULL
+                                               AND r.attempts > 0 AND r.id < p_floor
+                                             ORDER BY r.aggregate_id, r.id LIMIT 1) IS NULL THEN p_floor
+                      ELSE 0 END;
+        IF p_probe AND v_bound <= p_resolved THEN
+          v_high := NULL;  -- nothing new below the bound
+        END IF;
+      ELSE
+        v_hi := ARRAY(SELECT greatest(v_bound, CASE WHEN k.v >= v_frontier THEN v_fbound ELSE k.v END)
+                        FROM unnest(p_known) WITH ORDINALITY AS k(v, n) ORDER BY k.n);
+      END IF;
       -- The range to scan: below the lowest bound of a lane that may have something to claim.
-      IF p_probe THEN
+      IF p_known IS NULL THEN
+        NULL;  -- above
+      ELSIF p_probe THEN
         -- A poll looks above what the previous claim covered, per lane (schema 2: no lease).
         SELECT min(p_covered[l + 1]), max(v_hi[l + 1]) INTO v_low, v_high
           FROM unnest(p_lanes) AS l WHERE v_hi[l + 1] > p_covered[l + 1];
@@ -302,9 +325,9 @@ BEGIN
              AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM p_owner))
              AND c.lane = ANY(p_lanes)
              AND c.id > v_low AND c.id <= v_high
-             AND c.id <= v_hi[c.lane + 1]
-             AND (NOT p_probe OR c.id > p_covered[c.lane + 1])
-             AND c.id > least(v_floor, p_covered[c.lane + 1])
+             AND (p_known IS NULL OR (c.id <= v_hi[c.lane + 1]
+                                      AND (NOT p_probe OR c.id > p_covered[c.lane + 1])
+                                      AND c.id > least(v_floor, p_covered[c.lane + 1])))
              AND (NOT v_waiting OR
                   (SELECT b.id FROM {{table}} AS b
                     WHERE (b.aggregate_id, b.id) >= (c.aggregate_id, 0) AND (b.aggregate_id, b.id) < (c.aggregate_id, c.id)

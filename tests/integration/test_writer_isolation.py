@@ -350,3 +350,28 @@ def test_race_fails_when_the_lane_marks_are_trusted_alone(db, relays, workdir):
     early, late, ids = race(db, relays, workdir, trust_marks_alone=True)
     assert early < late
     assert ids.index(late) < ids.index(early)
+
+
+def test_a_held_lane_catches_up_in_key_order_through_full_batches(db, relays, workdir):
+    """A lane held back while other lanes drain in full batches: once its writer commits, its
+    events go out first and in key order, without waiting for a sweep (schema 3's floor, applied
+    per lane: a drain's next claim looks below the floor in a lane that was held)."""
+    out = workdir / "events.jsonl"
+    relay = relays(base_config(db, [{"name": "audit", "type": "file", "path": str(out)}], batch_size=10,
+                               sweep_interval="1h"))
+    relay.wait_log("ordering lanes rebalanced")
+    slow = psycopg.connect(db.url)
+    early = slow.execute("INSERT INTO outbox_events (topic, aggregate_id, payload) "
+                         "VALUES ('order.paid', 'K', '{}') RETURNING id").fetchone()[0]
+    rows = [("order.paid", "K" if n % 50 == 0 else f"other-{n}", {"n": n}) for n in range(1, 400)]
+    ids = [i for chunk in range(0, len(rows), 100) for i in db.insert(rows[chunk:chunk + 100])]
+    wait_until(lambda: len(read_ids(out)) >= 300, timeout=10, message="the other lanes flowing")
+    slow.commit()
+    slow.close()
+    more = db.insert([("order.paid", "K", {"n": 999})] + [("order.paid", f"late-{n}", {}) for n in range(200)])
+    wait_until(lambda: len(read_ids(out)) == len(ids) + len(more) + 1, timeout=10,
+               message="every event without a sweep")
+    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    assert_per_key_order(lines)
+    assert sorted(l["id"] for l in lines) == sorted([early, *ids, *more])
+    assert relay.stop() == 0

@@ -108,6 +108,14 @@ void LaneBounds::read(Time now, const WriterReading& reading) {
   }
 }
 
+bool LaneBounds::uniform() const {
+  const long long r = resolved();
+  for (int lane = 0; lane < kLaneCount; ++lane) {
+    if ((owned_ & lane_bit(lane)) != 0 && (known_[lane] != r || covered_[lane] != r)) return false;
+  }
+  return true;
+}
+
 LaneMask LaneBounds::held(LaneMask owned) const {
   LaneMask out = 0;
   for (int lane = 0; lane < kLaneCount; ++lane) {

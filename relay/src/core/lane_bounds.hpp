@@ -65,10 +65,10 @@ struct WriterHolds {
 // How often the writers are read while events are held back.
 struct ReadingPace {
   // A bound that has not moved for this long while ids above it were drawn: read the writers.
-  std::chrono::milliseconds stall{10};
+  std::chrono::milliseconds stall{25};
   // At most this often while the highest lane bound is stalled, or a reading waits for holders
   // that were not complete: other lanes' events wait for it.
-  std::chrono::milliseconds frontier_every{10};
+  std::chrono::milliseconds frontier_every{25};
   // At most this often while only some lanes are held (their writer is known; a reading tells
   // when it has ended, and who it is).
   std::chrono::milliseconds held_every{100};
@@ -109,6 +109,8 @@ class LaneBounds {
   // Per lane: the bound of the last claim (what a poll looks above); -1: from the start.
   const LaneIds& covered() const { return covered_; }
   long long last_id() const { return last_id_; }
+  // Every owned lane is known and covered up to resolved(): a claim needs no per-lane bounds.
+  bool uniform() const;
   // Lanes of `owned` whose bound is below the last id drawn: their later events wait.
   LaneMask held(LaneMask owned) const;
   // A reading with holders that were not complete waits for them to end.

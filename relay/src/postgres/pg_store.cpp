@@ -260,10 +260,14 @@ constexpr const char* kClaimFunctionLaneArgs =
 
 std::string lane_literal(const LaneIds& ids) { return int_array(ids.data(), ids.data() + ids.size()); }
 
-// A bigint[] in Postgres's text form ("{1,2,3}"), as 64 lanes.
+// A bigint[] in Postgres's text form ("{1,2,3}"), as 64 lanes; one element: every lane's.
 LaneIds parse_lane_ids(const std::string& text) {
   LaneIds out{};
   out.fill(-1);
+  if (text.find(',') == std::string::npos && text.size() > 2) {
+    out.fill(std::stoll(text.substr(1, text.size() - 2)));
+    return out;
+  }
   std::size_t lane = 0;
   std::size_t pos = text.find_first_not_of('{');
   while (pos < text.size() && text[pos] != '}' && lane < out.size()) {
@@ -667,10 +671,15 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
     read_writers(tx, now);
     report_holds(tx, now);
   }
+  // NULL arrays when every lane is alike (no writer holds one back): the function then does no
+  // per-lane work.
+  const bool uniform = lanes.uniform();
+  const std::string known = uniform ? std::string() : lane_literal(lanes.known());
+  const std::string covered = uniform ? std::string() : lane_literal(lanes.covered());
   const auto rows = tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()),
                                      owned_literal, static_cast<int>(limit), lanes.resolved(), probe, delivered,
-                                     others, opt.delete_on_success, floor, lane_literal(lanes.known()),
-                                     lane_literal(lanes.covered()));
+                                     others, opt.delete_on_success, floor, uniform ? nullptr : known.c_str(),
+                                     uniform ? nullptr : covered.c_str());
   now = std::chrono::steady_clock::now();
   return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
     const long long last_id = row[10].as<long long>();

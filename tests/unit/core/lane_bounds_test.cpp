@@ -15,6 +15,7 @@ namespace {
 using Time = LaneBounds::Time;
 const Time kT0{};
 constexpr LaneMask kAll = ~LaneMask{0};
+const ReadingPace kPace{10ms, 10ms, 100ms};
 
 OpenWriter writer(const std::string& vxid, bool complete, LaneMask lanes) {
   OpenWriter w;
@@ -33,7 +34,7 @@ LaneIds all(long long v) {
 }  // namespace
 
 TEST_CASE("lane bounds: nothing is known until the first reading, which must come first") {
-  LaneBounds b;
+  LaneBounds b{kPace};
   b.set_owned(kAll);
   CHECK(b.resolved() == -1);
   CHECK(b.reading_due(kT0, kAll));
@@ -46,7 +47,7 @@ TEST_CASE("lane bounds: nothing is known until the first reading, which must com
 }
 
 TEST_CASE("lane bounds: a complete writer holds only the lanes it marked") {
-  LaneBounds b;
+  LaneBounds b{kPace};
   b.set_owned(kAll);
   b.read(kT0, {100, {writer("3/7", true, lane_bit(5) | lane_bit(9))}});
   CHECK(b.resolved() == -1);  // lanes 5 and 9 know nothing yet
@@ -58,7 +59,7 @@ TEST_CASE("lane bounds: a complete writer holds only the lanes it marked") {
 }
 
 TEST_CASE("lane bounds: a writer whose lanes are unknown holds every lane until it ends") {
-  LaneBounds b;
+  LaneBounds b{kPace};
   b.set_owned(kAll);
   b.read(kT0, {100, {writer("3/7", false, lane_bit(5)), writer("4/2", true, lane_bit(9))}});
   CHECK(b.known()[0] == -1);  // nothing applies yet
@@ -86,7 +87,7 @@ TEST_CASE("lane bounds: a writer whose lanes are unknown holds every lane until 
 }
 
 TEST_CASE("lane bounds: a pending reading of an incomplete writer applies its lanes to its own last id") {
-  LaneBounds b;
+  LaneBounds b{kPace};
   b.set_owned(kAll);
   b.read(kT0, {100, {}});
   b.read(kT0 + 1ms, {200, {writer("7/1", false, 0)}});
@@ -97,7 +98,7 @@ TEST_CASE("lane bounds: a pending reading of an incomplete writer applies its la
 }
 
 TEST_CASE("lane bounds: claims raise what is known, and a held lane stalls only itself") {
-  LaneBounds b;
+  LaneBounds b{kPace};
   b.set_owned(kAll);
   const LaneMask owned = kAll;
   b.read(kT0, {100, {writer("3/7", true, lane_bit(5))}});
@@ -131,10 +132,12 @@ TEST_CASE("lane bounds: claims raise what is known, and a held lane stalls only 
 }
 
 TEST_CASE("lane bounds: nothing held means no reading, and the lanes gained are uncovered") {
-  LaneBounds b;
+  LaneBounds b{kPace};
   b.set_owned(kAll);
   b.read(kT0, {10, {}});
+  CHECK_FALSE(b.uniform());  // covered: nothing yet
   b.claimed(kT0 + 1ms, kAll, all(20), 20);
+  CHECK(b.uniform());
   CHECK(b.held(kAll) == 0);
   CHECK_FALSE(b.reading_due(kT0 + 1s, kAll));
   b.unchanged(kT0 + 2s, kAll, 20);
