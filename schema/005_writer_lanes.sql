@@ -194,6 +194,7 @@ BEGIN
       v_last     bigint;
       v_waiting  boolean;
       v_async    boolean;
+      v_new      boolean;
       v_frontier bigint;
       v_from     bigint;
       v_walk     bigint;
@@ -224,30 +225,33 @@ BEGIN
         WHERE e.id = r.id AND e.processed_at IS NULL
           AND e.id = ANY(ARRAY(SELECT (f->>'id')::bigint FROM jsonb_array_elements(p_failed) AS f));
       END IF;
-      -- The last id drawn, whether an event waits for a retry, no WAL flush wait (schema 2, 3).
-      SELECT v.last,
+      -- One statement (each one costs an executor start-up): the last id drawn; the frontier
+      -- (p_known and p_covered NULL: every lane of the relay is at p_resolved, known and covered,
+      -- the usual case with no writer holding a lane back, and then no per-lane work is done);
+      -- whether anything was committed above it; whether an event waits for a retry; no WAL flush
+      -- wait (schema 2, 3).
+      SELECT v.last, f.frontier,
+             (SELECT n.id FROM {{table}} AS n WHERE n.id > f.frontier ORDER BY n.id LIMIT 1) IS NOT NULL,
              (SELECT w.id FROM {{table}} AS w
                WHERE w.processed_at IS NULL AND w.dead_lettered_at IS NULL
                  AND w.attempts > 0 AND w.next_attempt_at > now()
                ORDER BY w.aggregate_id, w.id LIMIT 1) IS NOT NULL,
              set_config('synchronous_commit', 'off', true) = 'off'
-        INTO v_last, v_waiting, v_async
-        FROM (SELECT coalesce(pg_sequence_last_value(%1$L::regclass), 0) AS last) AS v;
-      -- p_known and p_covered NULL: every lane of the relay is at p_resolved, known and covered
-      -- (the usual case, with no writer holding a lane back): no per-lane work at all.
-      v_frontier := p_resolved;
-      IF p_known IS NOT NULL THEN
-        v_frontier := greatest(p_resolved, (SELECT max(p_known[l + 1]) FROM unnest(p_lanes) AS l));
-      END IF;
+        INTO v_last, v_frontier, v_new, v_waiting, v_async
+        FROM (SELECT coalesce(pg_sequence_last_value(%1$L::regclass), 0) AS last) AS v,
+             (SELECT CASE WHEN p_known IS NULL THEN p_resolved
+                          ELSE greatest(p_resolved, (SELECT max(p_known[l + 1]) FROM unnest(p_lanes) AS l)) END
+                       AS frontier) AS f;
       -- A poll returns at once when nothing was committed above the frontier and every lane's
       -- claims covered the frontier already (a lane behind it waits for an open writer, or for what
       -- a reading resolved since).
-      IF p_probe AND (SELECT n.id FROM {{table}} AS n WHERE n.id > v_frontier ORDER BY n.id LIMIT 1) IS NULL
-         AND (p_covered IS NULL OR (SELECT min(p_covered[l + 1]) FROM unnest(p_lanes) AS l) >= v_frontier) THEN
-        bound := p_resolved;
-        last_id := p_resolved;
-        RETURN NEXT;
-        RETURN;
+      IF p_probe AND NOT v_new THEN
+        IF p_covered IS NULL OR (SELECT min(p_covered[l + 1]) FROM unnest(p_lanes) AS l) >= v_frontier THEN
+          bound := p_resolved;
+          last_id := p_resolved;
+          RETURN NEXT;
+          RETURN;
+        END IF;
       END IF;
       -- The walks: from v_from (everything up to it is committed or gone), the highest id up to
       -- v_last before the first one that is not visible. Each costs about the ids committed since
@@ -282,14 +286,18 @@ BEGIN
         -- Every lane alike: schema 3's claim, its bound the walk's.
         v_hi := ARRAY[v_bound];
         v_high := v_bound;
-        v_low := CASE WHEN p_probe THEN greatest(p_resolved, 0)
-                      WHEN p_floor > 0 AND (SELECT r.id FROM {{table}} AS r
-                                             WHERE r.processed_at IS NULL AND r.dead_lettered_at IS NULL
-                                               AND r.attempts > 0 AND r.id < p_floor
-                                             ORDER BY r.aggregate_id, r.id LIMIT 1) IS NULL THEN p_floor
-                      ELSE 0 END;
-        IF p_probe AND v_bound <= p_resolved THEN
-          v_high := NULL;  -- nothing new below the bound
+        v_low := 0;
+        IF p_probe THEN
+          v_low := greatest(p_resolved, 0);
+          IF v_bound <= p_resolved THEN
+            v_high := NULL;  -- nothing new below the bound
+          END IF;
+        ELSIF p_floor > 0 THEN
+          IF (SELECT r.id FROM {{table}} AS r
+               WHERE r.processed_at IS NULL AND r.dead_lettered_at IS NULL AND r.attempts > 0 AND r.id < p_floor
+               ORDER BY r.aggregate_id, r.id LIMIT 1) IS NULL THEN
+            v_low := p_floor;  -- schema 3's floor
+          END IF;
         END IF;
       ELSE
         v_hi := ARRAY(SELECT greatest(v_bound, CASE WHEN k.v >= v_frontier THEN v_fbound ELSE k.v END)
