@@ -244,11 +244,13 @@ BEGIN
                        AS frontier) AS f;
       -- A poll returns at once when nothing was committed above the frontier and every lane's
       -- claims covered the frontier already (a lane behind it waits for an open writer, or for what
-      -- a reading resolved since).
+      -- a reading resolved since). It reports the last id drawn: an id drawn and not visible keeps
+      -- the relay polling until a reading or a commit resolves it (its writer may roll back, which
+      -- nothing announces).
       IF p_probe AND NOT v_new THEN
         IF p_covered IS NULL OR (SELECT min(p_covered[l + 1]) FROM unnest(p_lanes) AS l) >= v_frontier THEN
           bound := p_resolved;
-          last_id := p_resolved;
+          last_id := v_last;
           RETURN NEXT;
           RETURN;
         END IF;
