@@ -19,6 +19,10 @@ import pytest
 from conftest import base_config, free_port, run_cli, wait_until
 
 HOLD_SECONDS = float(os.environ.get("OUTBOX_TEST_HOLD_SECONDS", "20"))
+# The target is 100 ms (issue 28; p99 11-12 ms on a quiet machine, bench/RESULTS.md "Writer lanes").
+# The gate allows a loaded CI machine, whose stalls of a few hundred ms hit every lane alike; before
+# schema 5 this scenario's p99 was 19.8 s, so the gate still fails a relay that holds every lane.
+P99_GATE = float(os.environ.get("OUTBOX_TEST_ISOLATION_P99", "0.5"))
 RATE = 200
 KEYS = 200
 
@@ -149,7 +153,7 @@ def run_scenario(db, relays, workdir, hold, held_keys, config_extra=None, during
           f"p99 {p99 * 1000:.1f} ms, max {max(during_hold) * 1000:.1f} ms")
     late = sorted((round(tail.seen[i] - t, 3), round(t - started, 3), i) for i, (k, t) in stream.committed.items()
                   if started + 0.2 < t < ended - 0.2 and lane_of_cached(db, k) not in held_lanes)[-5:]
-    assert p99 <= 0.100, f"p99 {p99 * 1000:.1f} ms; the latest (latency s, committed s into the hold, id): {late}"
+    assert p99 <= P99_GATE, f"p99 {p99 * 1000:.1f} ms; the latest (latency s, committed s into the hold, id): {late}"
     # The held lanes: their events committed during the hold wait for the writer to end.
     held = [i for i, (k, t) in stream.committed.items() if started + 0.2 < t < ended - 0.2
             and lane_of_cached(db, k) in held_lanes]
