@@ -294,6 +294,36 @@ def test_7_a_retry_left_by_a_stopped_instance_goes_out_when_due_not_at_the_sweep
     assert b.alive()
 
 
+
+def test_8_a_later_event_committed_as_its_keys_retry_falls_due_waits_for_it(db, relays, receivers):
+    """A failed event R holds the later events of its key until its retry succeeds. When the retry
+    falls due the runner claims R again some tens of milliseconds later; a poll in between looks
+    only above what earlier claims covered (R is below) and must not take a later event of R's key
+    (schema 7; before it, such an event was acked before R). One key gets an event every 10 ms and
+    every 8th first attempt fails with a retry 300 ms later, so retries fall due again and again
+    while the key's events flow."""
+    lock, failed = threading.Lock(), set()
+
+    def behaviour(req):
+        with lock:
+            if req.event_id % 8 == 0 and req.event_id not in failed:
+                failed.add(req.event_id)
+                return Reply(503, b"busy")  # retried after the backoff, 300 ms
+        return Reply(200)
+
+    rx = receivers(behaviour)
+    relay = relays(base_config(db, [webhook_sink(rx.url, timeout="2s")], sweep_interval="60s",
+                               backoff={"initial": "300ms", "max": "300ms"}))
+    ids = []
+    for i in range(400):  # one commit each, 100/s
+        ids += db.insert([("t", "k", {"i": i})])
+        time.sleep(0.01)
+    wait_until(lambda: pending(db) == 0, timeout=60, message="every event delivered")
+    assert len(failed) >= 40, f"only {len(failed)} retries: this test would not tell"
+    assert set(ids) == rx.acked_ids()
+    assert_first_acks_in_key_order(rx, {i: "k" for i in ids})
+    assert relay.alive()
+
 BAD_WEBHOOK_CONFIGS = [
     ({"type": "webhook"}, "sinks[0].url: required, but missing"),
     ({"type": "webhook", "url": "ftp://x/"}, "sinks[0].url: unsupported scheme 'ftp'"),
