@@ -1,0 +1,106 @@
+"""Which of the writer marks costs 32 concurrent writers (issue 28): an experiment, not a gate.
+
+    bench/cost-run.sh experiments/writer_marks [--rounds 4 --seconds 8 --clients 32 --relay-bin B]
+
+Five tables of one database, each migrated or built from outbox_events as the binary under test
+migrates it, measured side by side with pgbench (-n -M prepared, single-row INSERT transactions,
+unpaced), the order rotating each round; TRUNCATE + CHECKPOINT before every point:
+  plain    no mark: an identity id, no lane-mark CHECK
+  check    the lane mark only (schema 5's CHECK: one shared advisory lock per lane)
+  default  the statement mark only (schema 6's id default: one shared advisory lock per statement)
+  both     schema 6 and later: outbox_events itself
+  seqlock  plain, plus a read of a second sequence in the id default (a ROW EXCLUSIVE relation
+           lock held to the transaction's end, on the fast path: what a mark would cost that is
+           not an advisory lock in the shared lock table)
+Prints median commits/s and Postgres CPU per transaction, and the ratio to plain.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pgcost as pc  # noqa: E402
+
+TABLES = ["plain", "check", "default", "both", "seqlock"]
+
+
+def setup(db: pc.Db, relay_bin: str, work: Path) -> dict:
+    pc.migrate(relay_bin, db.relay_env())
+    mark = db.psql("SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef AS d JOIN pg_attribute AS a "
+                   "ON a.attrelid = d.adrelid AND a.attnum = d.adnum "
+                   "WHERE d.adrelid = 'outbox_events'::regclass AND a.attname = 'id'")
+    check = db.psql("SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+                    "WHERE conrelid = 'outbox_events'::regclass AND conname = 'outbox_events_lane_mark'")
+    if "pg_try_advisory_xact_lock_shared" not in mark or not check:
+        raise SystemExit(f"outbox_events has no statement mark in its id default or no lane mark: {mark!r} {check!r}")
+    for t in ("plain", "check", "default", "seqlock"):
+        db.psql(f"CREATE TABLE m_{t} (LIKE outbox_events INCLUDING ALL) WITH (fillfactor = 50)",
+                f"ALTER TABLE m_{t} DROP CONSTRAINT IF EXISTS outbox_events_lane_mark",
+                f"ALTER TABLE m_{t} ALTER COLUMN id DROP DEFAULT")
+    db.psql("ALTER TABLE m_plain ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY",
+            "ALTER TABLE m_check ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY",
+            f"ALTER TABLE m_check ADD CONSTRAINT m_check_lane_mark {check}",
+            "CREATE SEQUENCE m_default_id_seq",
+            "ALTER TABLE m_default ALTER COLUMN id SET DEFAULT "
+            + mark.replace("outbox_events_id_seq", "m_default_id_seq"),
+            "CREATE SEQUENCE m_seqlock_id_seq", "CREATE SEQUENCE m_seqlock_mark",
+            "ALTER TABLE m_seqlock ALTER COLUMN id SET DEFAULT "
+            "CASE WHEN coalesce(pg_sequence_last_value('m_seqlock_mark'), 0) >= 0 "
+            "THEN nextval('m_seqlock_id_seq') END")
+    scripts = {t: pc.insert_script(work / f"insert-{t}.sql", "outbox_events" if t == "both" else f"m_{t}")
+               for t in TABLES}
+    return {"statement_mark": mark, "lane_mark": check, "scripts": {t: str(p) for t, p in scripts.items()}}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pg-dir", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--relay-bin", default=str(pc.ROOT / "build-bench" / "bin" / "outbox-relay"))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args()
+    pc.terminate_on_signals()
+    db = pc.Db(pc.bench_database_url(), a.pg_dir)
+    info = setup(db, a.relay_bin, Path(a.work))
+    truncate = "TRUNCATE outbox_events, " + ", ".join(f"m_{t}" for t in TABLES if t != "both") + " RESTART IDENTITY"
+    points = {t: [] for t in TABLES}
+    for r in range(a.rounds):
+        order = TABLES[r % len(TABLES):] + TABLES[:r % len(TABLES)]
+        for t in order:
+            db.psql(truncate, "CHECKPOINT")
+            time.sleep(0.2)
+            s0 = pc.Snapshot(db.postmaster)
+            res = pc.pgbench(db.env, Path(info["scripts"][t]), a.clients, a.jobs, a.seconds)
+            time.sleep(0.1)
+            res["cpu"] = pc.window(s0, pc.Snapshot(db.postmaster))
+            if res["exit_code"] != 0 or not res["tps"]:
+                raise SystemExit(f"pgbench failed on {t}: {res}")
+            res["pg_us_per_txn"] = res["cpu"]["postgres_cpu_seconds"] / res["processed"] * 1e6
+            points[t].append(res)
+            pc.log("marks", f"round {r + 1} {t}: {res['tps']:.0f} commits/s, "
+                            f"{res['pg_us_per_txn']:.1f} us Postgres CPU per txn, "
+                            f"steal {res['cpu']['steal_cores']} cores")
+    base = statistics.median(p["tps"] for p in points["plain"])
+    rows = ["| table | commits/s (median) | ratio to plain (per round) | Postgres CPU per txn |",
+            "| --- | ---: | --- | ---: |"]
+    for t in TABLES:
+        tps = statistics.median(p["tps"] for p in points[t])
+        per_round = ", ".join(f"{p['tps'] / q['tps']:.2f}" for p, q in zip(points[t], points["plain"]))
+        cpu = statistics.median(p["pg_us_per_txn"] for p in points[t])
+        rows.append(f"| {t} | {tps:,.0f} | {tps / base:.2f} ({per_round}) | {cpu:.1f} us |")
+    print(f"\n{a.clients} writers, single-row INSERT txn, {a.seconds:.0f} s per point, {a.rounds} rounds\n")
+    print("\n".join(rows))
+    Path(a.out).write_text(json.dumps({"info": info, "points": points, "args": vars(a)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
