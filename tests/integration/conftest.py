@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -36,23 +37,39 @@ def wait_until(predicate, timeout=30.0, interval=0.05, message="condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {message} (last value: {last!r})")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _below_ephemeral_range() -> tuple[int, int]:
+    """Ports the kernel never hands to an outgoing connection: below its ephemeral range. A server
+    given a port from that range can find it taken by the time it binds (a RabbitMQ node's own
+    connection to epmd took its AMQP port once: eaddrinuse)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return (10000, low - 1) if low > 11000 else (low + 20000, 65000)
 
 
 def free_ports(n: int) -> list[int]:
-    """n different free ports: each socket stays bound until all are chosen, so that the kernel
-    cannot hand out one port twice (free_port() called n times can)."""
-    sockets = [socket.socket() for _ in range(n)]
+    """n different free ports below the ephemeral range: each socket stays bound until all are
+    chosen, so that no port is handed out twice."""
+    lo, hi = _below_ephemeral_range()
+    sockets = []
     try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
+        while len(sockets) < n:
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", random.randint(lo, hi)))
+            except OSError:
+                s.close()
+                continue
+            sockets.append(s)
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
             s.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
 
 
 def make_tls_files(directory: Path) -> dict:
