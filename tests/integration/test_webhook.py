@@ -294,7 +294,6 @@ def test_7_a_retry_left_by_a_stopped_instance_goes_out_when_due_not_at_the_sweep
     assert b.alive()
 
 
-
 def test_8_a_later_event_committed_as_its_keys_retry_falls_due_waits_for_it(db, relays, receivers):
     """A failed event R holds the later events of its key until its retry succeeds. When the retry
     falls due the runner claims R again some tens of milliseconds later; a poll in between looks
@@ -323,6 +322,7 @@ def test_8_a_later_event_committed_as_its_keys_retry_falls_due_waits_for_it(db, 
     assert set(ids) == rx.acked_ids()
     assert_first_acks_in_key_order(rx, {i: "k" for i in ids})
     assert relay.alive()
+
 
 BAD_WEBHOOK_CONFIGS = [
     ({"type": "webhook"}, "sinks[0].url: required, but missing"),
