@@ -95,7 +95,7 @@ int print_status(const outbox::config::Config& c, bool json) {
   std::printf("%-40s %10lld %14.1f %14lld\n", "TOTAL", report.pending, report.oldest_pending_age_seconds,
               report.dead_lettered);
   if (!report.open_writers.empty()) {
-    // README "An event stream stalled: find the writer".
+    // docs/operations.md "An event stream stalled: find the writer".
     std::printf("\nOpen writer transactions that may hold events back (oldest first):\n");
     for (const auto& w : report.open_writers) {
       std::string lanes = w.lanes_known ? "" : "all (its current statement inserts, or its activity is not visible)";

@@ -149,8 +149,9 @@ def test_4_kill_9_mid_backlog_then_restart_loses_nothing(db, relays, workdir):
     assert set(got) == set(ids), "every id delivered at least once"
     assert set(leased) <= set(got), "the killed batch came back"
     duplicates = len(got) - len(set(got))
-    # Only the batches in flight may be sent twice (README, "Failure model"): the one in the sink
-    # and the one before it, delivered but its completion not yet committed (batch_size 500 each).
+    # Only the batches in flight may be sent twice (docs/design.md, "Failure model"): the one in
+    # the sink and the one before it, delivered but its completion not yet committed (batch_size
+    # 500 each).
     assert duplicates <= 2 * 500, duplicates
     assert_per_key_order(lines)
     assert db.scalar("SELECT count(*) FROM outbox_events WHERE lease_owner IS NOT NULL") == 0

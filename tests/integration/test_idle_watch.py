@@ -1,6 +1,6 @@
-"""The idle watch (README "How wakeups work"): an idle relay's LISTEN session waits for the next id
-inside Postgres, the relay polls once a second, and a new event still arrives within about
-idle_poll_interval. Real Postgres, real relay, real signals."""
+"""The idle watch (docs/design.md "How wakeups work"): an idle relay's LISTEN session waits for
+the next id inside Postgres, the relay polls once a second, and a new event still arrives within
+about idle_poll_interval. Real Postgres, real relay, real signals."""
 from __future__ import annotations
 
 import signal

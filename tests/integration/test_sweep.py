@@ -1,6 +1,6 @@
-"""The sweep (README "How wakeups work"): every sweep_interval it looks, in short steps, for an event
-below what polls look at, and drains only when it finds one, so that a steady stream does not wait
-behind a claim that walks the pending index from its start."""
+"""The sweep (docs/design.md "How wakeups work"): every sweep_interval it looks, in short steps,
+for an event below what polls look at, and drains only when it finds one, so that a steady stream
+does not wait behind a claim that walks the pending index from its start."""
 from __future__ import annotations
 
 import time

@@ -16,7 +16,8 @@ struct DatabaseConfig {
   std::string channel = "outbox_wakeup";
   std::string table = "outbox_events";
   // Reconnect backoff of the relay's sessions (work and LISTEN): initial doubling up to max, with
-  // jitter. An error that needs an operator (README "Database errors") waits max at once.
+  // jitter. An error that needs an operator (docs/operations.md "Database errors") waits max at
+  // once.
   BackoffPolicy reconnect{std::chrono::milliseconds{500}, std::chrono::milliseconds{30'000}};
 };
 
@@ -27,7 +28,7 @@ struct RelaySection {
   std::chrono::milliseconds lease{60'000};
   std::chrono::milliseconds sweep_interval{30'000};
   // How often the relay polls the table for new events while they flow, and (growing to it) once
-  // none came for 2 s (README "How wakeups work").
+  // none came for 2 s (docs/design.md "How wakeups work").
   std::chrono::milliseconds poll_interval{5};
   // A light stream is polled up to this far apart (RunnerOptions::light_poll_interval); absent:
   // 8ms, or poll_interval if that is longer.
@@ -50,7 +51,8 @@ struct RelaySection {
   // at once, and writers' commits waited behind the WAL of it (bench/soak.sh).
   std::chrono::milliseconds retention_interval{1'000};
   // A writer transaction that has held events back for this long is named in a warning (then at
-  // most once a minute while it goes on): README "An event stream stalled: find the writer".
+  // most once a minute while it goes on): docs/operations.md "An event stream stalled: find the
+  // writer".
   std::chrono::milliseconds writer_hold_warning{5'000};
 };
 

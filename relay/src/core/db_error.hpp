@@ -8,7 +8,7 @@
 namespace outbox {
 
 // A bounded set: each value is a label of outbox_relay_db_errors_total{class} and a word in the
-// /readyz reasons (README "Database errors").
+// /readyz reasons (docs/operations.md "Database errors").
 enum class DbErrorClass {
   kTransient,        // connection lost or refused, resources, operator intervention, serialization
   kOther,            // a code no rule lists: retried like a transient error, but shown apart

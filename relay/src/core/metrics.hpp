@@ -7,8 +7,8 @@
 
 namespace outbox {
 
-// kPoll: a poll of the table found events (README "How wakeups work"); kNotify: a NOTIFY on the
-// channel (an opt-in writer trigger, or an operator command).
+// kPoll: a poll of the table found events (docs/design.md "How wakeups work"); kNotify: a NOTIFY
+// on the channel (an opt-in writer trigger, or an operator command).
 enum class WakeSource { kNotify, kPoll, kSweep, kRetry, kStartup, kWatch };
 
 class Metrics {

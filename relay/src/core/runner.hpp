@@ -3,7 +3,8 @@
 // every idle_poll_interval once they stop, or hands the wait for new events to the LISTEN thread
 // (Waiter::offer_watch) and polls every watched_poll_interval; drains at once on a bell (LISTEN,
 // the watch), a sweep tick, a due retry or lanes gained, until a claim comes back short;
-// reconnects with backoff (core/reconnect) when the store fails. README "How wakeups work".
+// reconnects with backoff (core/reconnect) when the store fails. docs/design.md "How wakeups
+// work".
 //
 // Time and waiting come through the Clock and Waiter seams (the Bell in production), so unit tests
 // drive the schedule on one thread with a fake clock and no sleeps.

@@ -11,8 +11,8 @@
 // picks the rows up at once.
 //
 // Errors: DbError (a std::runtime_error) with the password masked, the failure's class and, for a
-// class that needs an operator (README "Database errors"), the hint, which the operator commands'
-// messages end with ("; hint: ...").
+// class that needs an operator (docs/operations.md "Database errors"), the hint, which the
+// operator commands' messages end with ("; hint: ...").
 #include <chrono>
 #include <cstddef>
 #include <memory>

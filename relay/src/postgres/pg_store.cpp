@@ -242,8 +242,8 @@ std::string claim_function_name(const std::string& table) { return function_pref
 
 // Every row the relay writes (leases, outcomes, cleared leases) is written again if a crash of
 // Postgres loses it: a lost lease makes a row claimable again, a lost mark delivers it again (at
-// least once, as always; README, "Failure model"). So no statement of the relay waits for the WAL
-// flush (nor, with synchronous replication, for a standby): a flush stalled behind other I/O
+// least once, as always; docs/design.md, "Failure model"). So no statement of the relay waits for
+// the WAL flush (nor, with synchronous replication, for a standby): a flush stalled behind other I/O
 // would stall deliveries, and with them every event behind. A condition to AND into an autocommit
 // statement's WHERE: set_config(..., true) lasts until the statement's implicit transaction
 // commits; an InitPlan runs it once.
@@ -767,7 +767,7 @@ void PgStore::Impl::report_holds(pqxx::nontransaction& tx, std::chrono::steady_c
         (!mark.warned_at || now - *mark.warned_at >= kWriterWarningEvery)) {
       mark.warned_at = now;
       log::warn("an open writer transaction holds back events; it ends when the writer commits or rolls back "
-                "(README, \"An event stream stalled: find the writer\")",
+                "(docs/operations.md, \"An event stream stalled: find the writer\")",
                 {{"pid", w->pid},
                  {"application_name", w->application},
                  {"client_addr", w->client_addr},

@@ -4,7 +4,8 @@
 // the relay's LISTEN, its session advisory locks (lanes, membership) and its prepared statements
 // would land on backends shared with other clients: claims fail or, worse, two relays share one
 // backend's lane locks and per-key order breaks. A session pooler (pool_mode = session) gives
-// each client one backend for its whole connection and is fine. README "Connection poolers".
+// each client one backend for its whole connection and is fine. docs/operations.md "Connection
+// poolers".
 #include <string>
 #include <vector>
 

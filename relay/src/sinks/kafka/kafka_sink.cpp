@@ -382,10 +382,10 @@ struct KafkaSink::Impl {
     //     internally without reordering; a key always maps to one partition. With librdkafka's
     //     message timeout infinite, a retriable failure never surfaces as a report for one
     //     message while a later one of its partition succeeds: the only reports are success, a
-    //     permanent error (which dead-letters the event and so releases its key, DESIGN §4), a
-    //     fatal error (the whole batch retries) or our own deadline (the undecided events retry
-    //     and the producer is replaced, which purges them so no stale copy is sent behind the
-    //     retry).
+    //     permanent error (which dead-letters the event and so releases its key,
+    //     docs/design.md §4), a fatal error (the whole batch retries) or our own deadline (the
+    //     undecided events retry and the producer is replaced, which purges them so no stale copy
+    //     is sent behind the retry).
     //  2. An event that cannot even be enqueued with a retriable error (the queue stayed full)
     //     holds its key: the later events of that key in this batch are not produced (kDeferred).
     //  3. Defence in depth, for whatever breaks rule 1 (e.g. a partition count change while a

@@ -323,7 +323,8 @@ struct NatsSink::Impl {
     // Per-key order: a key's events wait in `waiting` (id order) while one of them is in flight;
     // `ready` holds the events that may go now, the first of each key to begin with. An event
     // releases the next of its key when it is decided delivered or permanent (a dead letter
-    // releases its key, DESIGN §4); a retry leaves the key's later events unsent (kDeferred).
+    // releases its key, docs/design.md §4); a retry leaves the key's later events unsent
+    // (kDeferred).
     std::unordered_map<std::string_view, std::deque<std::size_t>> waiting;
     std::deque<std::size_t> ready;
     for (std::size_t i = 0; i < n; ++i) {

@@ -10,7 +10,7 @@
 // One channel, publishes in id order: RabbitMQ keeps the order of one channel's messages in each
 // queue they reach. A batch is published pipelined (up to max_in_flight without a confirm),
 // then the sink reads confirms, returns and errors until every event has an outcome or timeout
-// passes. See README "rabbitmq sink" for what is permanent and how per-key order holds.
+// passes. See docs/sinks.md "rabbitmq sink" for what is permanent and how per-key order holds.
 #include <chrono>
 #include <cstdint>
 #include <memory>

@@ -11,7 +11,7 @@
 // and all or none of them: a server that is loading, out of memory, read-only or busy refuses the
 // whole transaction (every event retries), and a connection lost before EXEC's answer leaves
 // either all of them written or none (every event retries; duplicates at worst). So no later
-// event of a key reaches a stream while an earlier one of that key is retried. See README
+// event of a key reaches a stream while an earlier one of that key is retried. See docs/sinks.md
 // "redis sink".
 #include <chrono>
 #include <memory>

@@ -1,6 +1,6 @@
 #pragma once
 // How the webhook sink turns what happened to one HTTP request into an Outcome. Pure functions,
-// no I/O, table-tested: DESIGN §5 and the issue decide the table.
+// no I/O, table-tested: docs/design.md §5 and the issue decide the table.
 //   2xx                        delivered
 //   408, 429, 5xx              retry, honouring Retry-After (the loop caps it by the backoff max)
 //   any other 4xx (410 too)    permanent: "HTTP <status>: <first 512 bytes of the body>"

@@ -1,5 +1,5 @@
 #pragma once
-// type: webhook. Config of the HTTP webhook sink (DESIGN §5, issue 4):
+// type: webhook. Config of the HTTP webhook sink (docs/design.md §5, issue 4):
 //   url: https://example.com/hooks        required, http:// or https://
 //   headers: {Authorization: "Bearer ${TOKEN}"}   static extra headers; values masked in logs
 //   secrets: [whsec_..., whsec_...]       Standard Webhooks keys; one signature per key (rotation)

@@ -1,4 +1,4 @@
-// The RabbitMQ sink's classification of AMQP reply codes: a table, as the README states it.
+// The RabbitMQ sink's classification of AMQP reply codes: a table, as docs/sinks.md states it.
 #include <doctest/doctest.h>
 
 #include <amqp.h>
