@@ -9,6 +9,9 @@ cd "$here"
 echo "== installing dependencies"
 scripts/install-deps.sh
 
+echo "== every relative link of the Markdown files resolves"
+python3 scripts/check-links.py
+
 echo "== building (warnings are errors)"
 BUILD_DIR=$here/build scripts/build.sh -DOUTBOX_WERROR=ON
 
