@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pgcost as pc  # noqa: E402
 
 TAG = "soak"
-# Server settings the README recommends for high steady rates, on by default in the soak's cluster
+# Server settings docs/performance.md recommends for high steady rates, on by default in the soak's cluster
 # (bench/RESULTS.md, "Scale over time"): backends and autovacuum start the kernel's write-back of
 # what they write every 256kB, instead of letting the page cache gather hundreds of MiB that the
 # kernel then writes at once, stalling the WAL flushes of writers' commits (and with them every
@@ -1006,7 +1006,7 @@ def main():
                          "'default' keeps it")
     ap.add_argument("--pg-settings", default=RECOMMENDED_PG_SETTINGS, metavar="NAME=VALUE,...",
                     help=f"server settings for the soak's cluster (ALTER SYSTEM SET), recorded in the JSON "
-                         f"[{RECOMMENDED_PG_SETTINGS}: the README's advice for high steady rates; 'none' keeps "
+                         f"[{RECOMMENDED_PG_SETTINGS}: the advice of docs/performance.md for high steady rates; 'none' keeps "
                          f"PostgreSQL's defaults]")
     ap.add_argument("--table-sql", metavar="FILE",
                     help="SQL run once after the migration, before any point (an experiment on the table, e.g. "

@@ -6,7 +6,7 @@
 #                                        here: the lower of the quiet drain and the drain beside
 #                                        unpaced writers),
 #                                        --relay-bin DIR/outbox-relay, --pg-settings none (PostgreSQL's
-#                                        defaults instead of the README's advice for high rates);
+#                                        defaults instead of docs/performance.md's advice for high rates);
 #                                        bench/soak.sh --help
 # Builds outbox-relay (Release, in build-bench/ or $BENCH_BUILD_DIR) unless --relay-bin is given,
 # installs python3-matplotlib for the plots (Debian package; as root) if it is missing, then runs
