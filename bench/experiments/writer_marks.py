@@ -12,6 +12,17 @@ unpaced), the order rotating each round; TRUNCATE + CHECKPOINT before every poin
   seqlock  plain, plus a read of a second sequence in the id default (a ROW EXCLUSIVE relation
            lock held to the transaction's end, on the fast path: what a mark would cost that is
            not an advisory lock in the shared lock table)
+  lanefp   the statement mark as in schema 6, the lane mark as a relation lock instead: nextval of
+           one of 64 lane sequences (CACHE 1000: no page touched for most calls) in the CHECK
+  stmtfp   the lane mark as in schema 5, the statement mark as nextval of one of 64 bucket
+           sequences (start time mod 64) in the id default
+  bothfp   both marks as relation locks
+  burn     plain, plus a CHECK that burns ~45 us of CPU per row (md5 of 16.5 kB; a calibration:
+           what a known cost does to the ratio)
+  plain2   a second plain table (with --side-by-side: the noise of the pairing itself)
+(--tables picks some of them. --side-by-side: instead of one table at a time, each table runs at
+the same time as plain, half the clients each, so both see the same machine; the figure is the
+median of the per-round ratios of their commits/s.)
 Prints median commits/s and Postgres CPU per transaction, and the ratio to plain.
 """
 from __future__ import annotations
@@ -26,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pgcost as pc  # noqa: E402
 
-TABLES = ["plain", "check", "default", "both", "seqlock"]
+TABLES = ["plain", "plain2", "check", "default", "both", "seqlock", "lanefp", "stmtfp", "bothfp", "burn"]
 
 
 def setup(db: pc.Db, relay_bin: str, work: Path) -> dict:
@@ -38,11 +49,14 @@ def setup(db: pc.Db, relay_bin: str, work: Path) -> dict:
                     "WHERE conrelid = 'outbox_events'::regclass AND conname = 'outbox_events_lane_mark'")
     if "pg_try_advisory_xact_lock_shared" not in mark or not check:
         raise SystemExit(f"outbox_events has no statement mark in its id default or no lane mark: {mark!r} {check!r}")
-    for t in ("plain", "check", "default", "seqlock"):
+    for t in [t for t in TABLES if t != "both"]:
         db.psql(f"CREATE TABLE m_{t} (LIKE outbox_events INCLUDING ALL) WITH (fillfactor = 50)",
                 f"ALTER TABLE m_{t} DROP CONSTRAINT IF EXISTS outbox_events_lane_mark",
                 f"ALTER TABLE m_{t} ALTER COLUMN id DROP DEFAULT")
     db.psql("ALTER TABLE m_plain ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY",
+            "ALTER TABLE m_plain2 ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY",
+            "ALTER TABLE m_burn ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY",
+            "ALTER TABLE m_burn ADD CONSTRAINT m_burn_cpu CHECK (md5(repeat(topic, 1500)) <> '')",
             "ALTER TABLE m_check ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY",
             f"ALTER TABLE m_check ADD CONSTRAINT m_check_lane_mark {check}",
             "CREATE SEQUENCE m_default_id_seq",
@@ -52,9 +66,42 @@ def setup(db: pc.Db, relay_bin: str, work: Path) -> dict:
             "ALTER TABLE m_seqlock ALTER COLUMN id SET DEFAULT "
             "CASE WHEN coalesce(pg_sequence_last_value('m_seqlock_mark'), 0) >= 0 "
             "THEN nextval('m_seqlock_id_seq') END")
+    seqs = lambda p: "'{" + ",".join(f"{p}_{i}" for i in range(64)) + "}'::regclass[]"
+    for i in range(64):
+        db.psql(f"CREATE SEQUENCE m_lane_{i} CACHE 1000", f"CREATE SEQUENCE m_stmt_{i} CACHE 1000")
+    stmt_fp = ("CASE WHEN nextval((" + seqs("m_stmt") + ")[((date_part('epoch', statement_timestamp()) * 1000000)"
+               "::bigint & 63)::integer + 1]) > 0 THEN nextval('{seq}') END")
+    lane_fp = "CHECK (processed_at IS NOT NULL OR nextval((" + seqs("m_lane") + ")[lane + 1]) > 0) NOT VALID"
+    for t in ("lanefp", "stmtfp", "bothfp"):
+        db.psql(f"CREATE SEQUENCE m_{t}_id_seq")
+        default = stmt_fp.replace("{seq}", f"m_{t}_id_seq") if t != "lanefp" else \
+            mark.replace("outbox_events_id_seq", f"m_{t}_id_seq")
+        db.psql(f"ALTER TABLE m_{t} ALTER COLUMN id SET DEFAULT {default}",
+                f"ALTER TABLE m_{t} ADD CONSTRAINT m_{t}_lane_mark {lane_fp if t != 'stmtfp' else check}")
     scripts = {t: pc.insert_script(work / f"insert-{t}.sql", "outbox_events" if t == "both" else f"m_{t}")
                for t in TABLES}
     return {"statement_mark": mark, "lane_mark": check, "scripts": {t: str(p) for t, p in scripts.items()}}
+
+
+def side_by_side(db, info, tables, truncate, a):
+    others = [t for t in tables if t != "plain"]
+    ratios = {t: [] for t in others}
+    for r in range(a.rounds):
+        for t in others[r % len(others):] + others[:r % len(others)]:
+            db.psql(truncate, "CHECKPOINT")
+            time.sleep(0.2)
+            procs = {x: pc.pgbench(db.env, Path(info["scripts"][x]), a.clients // 2, 1, a.seconds, popen=True)
+                     for x in ("plain", t)}
+            res = {x: pc.parse_pgbench(p.wait(), *p.communicate()) for x, p in procs.items()}
+            ratios[t].append(res[t]["tps"] / res["plain"]["tps"])
+            pc.log("marks", f"round {r + 1} {t} beside plain: {res[t]['tps']:.0f} / {res['plain']['tps']:.0f} "
+                            f"commits/s = {ratios[t][-1]:.3f}")
+    print(f"\n{a.clients // 2} writers on each of two tables at once, single-row INSERT txn, "
+          f"{a.seconds:.0f} s per pair, {a.rounds} rounds\n")
+    print("| table | ratio to plain beside it (median) | per round |\n| --- | ---: | --- |")
+    for t in others:
+        print(f"| {t} | {statistics.median(ratios[t]):.3f} | {', '.join(f'{x:.2f}' for x in ratios[t])} |")
+    Path(a.out).write_text(json.dumps({"info": info, "ratios": ratios, "args": vars(a)}, indent=1))
 
 
 def main():
@@ -67,14 +114,19 @@ def main():
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--tables", default=",".join(TABLES))
+    ap.add_argument("--side-by-side", action="store_true")
     a = ap.parse_args()
     pc.terminate_on_signals()
     db = pc.Db(pc.bench_database_url(), a.pg_dir)
     info = setup(db, a.relay_bin, Path(a.work))
+    tables = [t for t in TABLES if t in a.tables.split(",")]
     truncate = "TRUNCATE outbox_events, " + ", ".join(f"m_{t}" for t in TABLES if t != "both") + " RESTART IDENTITY"
-    points = {t: [] for t in TABLES}
+    if a.side_by_side:
+        return side_by_side(db, info, tables, truncate, a)
+    points = {t: [] for t in tables}
     for r in range(a.rounds):
-        order = TABLES[r % len(TABLES):] + TABLES[:r % len(TABLES)]
+        order = tables[r % len(tables):] + tables[:r % len(tables)]
         for t in order:
             db.psql(truncate, "CHECKPOINT")
             time.sleep(0.2)
@@ -92,7 +144,7 @@ def main():
     base = statistics.median(p["tps"] for p in points["plain"])
     rows = ["| table | commits/s (median) | ratio to plain (per round) | Postgres CPU per txn |",
             "| --- | ---: | --- | ---: |"]
-    for t in TABLES:
+    for t in tables:
         tps = statistics.median(p["tps"] for p in points[t])
         per_round = ", ".join(f"{p['tps'] / q['tps']:.2f}" for p, q in zip(points[t], points["plain"]))
         cpu = statistics.median(p["pg_us_per_txn"] for p in points[t])
