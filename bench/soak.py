@@ -42,7 +42,7 @@ defaults), and logs every autovacuum run.
    Targets: after minute 10 the table + TOAST + indexes stay within +-25 % of the minute-10 size;
    every window's p99 <= 20 ms; CPU per event (relay + Postgres) in the last 10 minutes <= 1.2 x the
    first 10 minutes. Every id up to the last one written reaches the sink exactly once. Plot:
-   bench/soak-<mode>.png (size, dead tuples, latency per window).
+   bench/figures/soak-<mode>.png (size, dead tuples, latency per window).
 4. Catch-up: writers at the soak rate; the relay is stopped until the backlog reaches
    --catchup-backlog (1,000,000); then it starts (mark + retention 2m) while the writers go on.
    Time until the backlog is gone (pending < what the writers add in 100 ms), the catch-up rate
@@ -992,7 +992,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--drain-timeout", type=float, default=900, help="seconds for one drain or catch-up [900]")
-    ap.add_argument("--plot-dir", default=str(pc.ROOT / "bench"), help="where the PNG plots go [bench/]")
+    ap.add_argument("--plot-dir", default=str(pc.ROOT / "bench" / "figures"),
+                    help="where the PNG plots go [bench/figures/]")
     ap.add_argument("--relay-config-extra", default="", help="YAML merged into the relay: section")
     ap.add_argument("--writers-async-commit", action="store_true",
                     help="the writers' sessions with synchronous_commit off, not the probe's (a diagnosis: how "

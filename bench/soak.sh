@@ -11,9 +11,10 @@
 # Builds outbox-relay (Release, in build-bench/ or $BENCH_BUILD_DIR) unless --relay-bin is given,
 # installs python3-matplotlib for the plots (Debian package; as root) if it is missing, then runs
 # bench/soak.py (method in its docstring) through bench/cost-run.sh: prints the table of points
-# 1-4 with the targets, writes bench/out/soak-<time>.json and the plots bench/soak-mark.png and
-# bench/soak-delete.png. Takes about 85 minutes with the defaults (the two 30-minute soaks are
-# most of it) and about 15 GB of scratch space in /tmp (the history table, the sink files, WAL).
+# 1-4 with the targets, writes bench/out/soak-<time>.json and the plots bench/figures/soak-mark.png
+# and bench/figures/soak-delete.png. Takes about 85 minutes with the defaults (the two 30-minute
+# soaks are most of it) and about 15 GB of scratch space in /tmp (the history table, the sink
+# files, WAL).
 # Not part of .ci/run. Run it on a quiet machine: foreign load is reported, not subtracted.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
