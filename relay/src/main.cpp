@@ -180,7 +180,8 @@ int main(int argc, char** argv) {
   // libpq waits forever for an unanswered connect by default; bound it so reconnect loops and
   // shutdown stay responsive when the database host vanishes. The operator's value wins.
   setenv("PGCONNECT_TIMEOUT", "10", /*overwrite=*/0);
-  CLI::App app{"outbox-relay: moves events from a PostgreSQL outbox table to Kafka, webhooks and files"};
+  CLI::App app{"outbox-relay: moves events from a PostgreSQL outbox table to Kafka, webhooks, files, "
+               "NATS JetStream, RabbitMQ and Redis Streams"};
   app.set_version_flag("--version", std::string("outbox-relay ") + outbox::kVersion);
   app.require_subcommand(1);
   Options o;
