@@ -10,7 +10,7 @@
 #include "core/key_holds.hpp"
 #include "log/log.hpp"
 #include "sinks/redis/redis_connection.hpp"
-#include "sinks/redis/redis_errors.hpp"
+#include "sinks/redis/redis_outcomes.hpp"
 
 namespace outbox::sinks {
 namespace {

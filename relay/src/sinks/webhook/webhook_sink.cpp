@@ -15,7 +15,7 @@
 #include "config/section.hpp"
 #include "log/log.hpp"
 #include "sinks/webhook/dispatch.hpp"
-#include "sinks/webhook/outcome.hpp"
+#include "sinks/webhook/webhook_outcomes.hpp"
 #include "sinks/webhook/signature.hpp"
 #include "version.hpp"
 

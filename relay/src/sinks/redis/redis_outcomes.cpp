@@ -1,4 +1,4 @@
-#include "sinks/redis/redis_errors.hpp"
+#include "sinks/redis/redis_outcomes.hpp"
 
 #include <array>
 #include <utility>
