@@ -14,6 +14,7 @@
 #include "config/section.hpp"
 #include "core/key_holds.hpp"
 #include "log/log.hpp"
+#include "sinks/common/batch_log.hpp"
 #include "sinks/kafka/kafka_outcomes.hpp"
 #include "sinks/kafka/rdkafka.hpp"
 
@@ -453,7 +454,7 @@ struct KafkaSink::Impl {
       }
     }
     hold_back_after_failures(events, outcomes);
-    log_batch(outcomes);
+    log_batch("kafka", name, outcomes);
     log::debug("kafka batch published",
                {{"sink", name},
                 {"events", n},
@@ -461,27 +462,6 @@ struct KafkaSink::Impl {
                 {"acks_ms", std::chrono::duration<double, std::milli>(SteadyClock::now() - produced).count()}});
     if (!replace_reason.empty()) replace_producer(replace_reason);
     return outcomes;
-  }
-
-  void log_batch(const std::vector<Outcome>& outcomes) const {
-    std::size_t delivered = 0, retry = 0, permanent = 0, deferred = 0;
-    const Outcome* first_failure = nullptr;
-    for (const auto& o : outcomes) {
-      switch (o.kind) {
-        case OutcomeKind::kDelivered: ++delivered; break;
-        case OutcomeKind::kRetry: ++retry; break;
-        case OutcomeKind::kPermanent: ++permanent; break;
-        case OutcomeKind::kDeferred: ++deferred; break;
-      }
-      if (!first_failure && (o.kind == OutcomeKind::kRetry || o.kind == OutcomeKind::kPermanent)) first_failure = &o;
-    }
-    if (!first_failure) return;
-    log::warn("kafka batch not fully delivered", {{"sink", name},
-                                                  {"delivered", delivered},
-                                                  {"retry", retry},
-                                                  {"permanent", permanent},
-                                                  {"deferred", deferred},
-                                                  {"first_error", first_failure->reason}});
   }
 
   void flush(milliseconds timeout) {

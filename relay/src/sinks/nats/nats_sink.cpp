@@ -14,6 +14,7 @@
 #include "config/section.hpp"
 #include "core/key_holds.hpp"
 #include "log/log.hpp"
+#include "sinks/common/batch_log.hpp"
 #include "sinks/nats/cnats.hpp"
 #include "sinks/nats/nats_outcomes.hpp"
 
@@ -421,38 +422,17 @@ struct NatsSink::Impl {
       log::warn("nats: row headers named Nats-* were not sent (they steer JetStream)",
                 {{"sink", name}, {"headers", dropped.count}, {"example", dropped.example}});
     }
-    log_batch(outcomes, duplicates);
+    if (duplicates > 0) {
+      log::info("nats: JetStream reported re-sent events as duplicates (already stored; counted delivered)",
+                {{"sink", name}, {"duplicates", duplicates}});
+    }
+    log_batch("nats", name, outcomes);
     log::debug("nats batch published",
                {{"sink", name},
                 {"events", n},
                 {"duplicates", duplicates},
                 {"acks_ms", std::chrono::duration<double, std::milli>(answered - started).count()}});
     return outcomes;
-  }
-
-  void log_batch(const std::vector<Outcome>& outcomes, std::size_t duplicates) const {
-    std::size_t delivered = 0, retry = 0, permanent = 0, deferred = 0;
-    const Outcome* first_failure = nullptr;
-    for (const auto& o : outcomes) {
-      switch (o.kind) {
-        case OutcomeKind::kDelivered: ++delivered; break;
-        case OutcomeKind::kRetry: ++retry; break;
-        case OutcomeKind::kPermanent: ++permanent; break;
-        case OutcomeKind::kDeferred: ++deferred; break;
-      }
-      if (!first_failure && (o.kind == OutcomeKind::kRetry || o.kind == OutcomeKind::kPermanent)) first_failure = &o;
-    }
-    if (duplicates > 0) {
-      log::info("nats: JetStream reported re-sent events as duplicates (already stored; counted delivered)",
-                {{"sink", name}, {"duplicates", duplicates}});
-    }
-    if (!first_failure) return;
-    log::warn("nats batch not fully delivered", {{"sink", name},
-                                                 {"delivered", delivered},
-                                                 {"retry", retry},
-                                                 {"permanent", permanent},
-                                                 {"deferred", deferred},
-                                                 {"first_error", first_failure->reason}});
   }
 
   void flush(milliseconds timeout) {

@@ -18,6 +18,7 @@
 #include "config/duration.hpp"
 #include "core/key_holds.hpp"
 #include "log/log.hpp"
+#include "sinks/common/batch_log.hpp"
 #include "sinks/rabbitmq/rabbitmq_outcomes.hpp"
 #include "sinks/tls_client.hpp"
 
@@ -679,35 +680,11 @@ struct RabbitmqSink::Impl {
       outcomes.push_back(b.results[i] ? std::move(*b.results[i]) : Outcome::retry(failure));
     }
     hold_back_after_failures(events, outcomes);
-    log_batch(outcomes, rounds, started);
-    return outcomes;
-  }
-
-  void log_batch(const std::vector<Outcome>& outcomes, std::size_t rounds, SteadyClock::time_point started) const {
-    std::size_t delivered = 0, retry = 0, permanent = 0, deferred = 0;
-    const Outcome* first_failure = nullptr;
-    for (const auto& o : outcomes) {
-      switch (o.kind) {
-        case OutcomeKind::kDelivered: ++delivered; break;
-        case OutcomeKind::kRetry: ++retry; break;
-        case OutcomeKind::kPermanent: ++permanent; break;
-        case OutcomeKind::kDeferred: ++deferred; break;
-      }
-      if (!first_failure && (o.kind == OutcomeKind::kRetry || o.kind == OutcomeKind::kPermanent)) first_failure = &o;
-    }
     const double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - started).count();
-    if (!first_failure) {
+    if (!log_batch("rabbitmq", name, outcomes, {{"rounds", rounds}, {"ms", ms}})) {
       log::debug("rabbitmq batch confirmed", {{"sink", name}, {"events", outcomes.size()}, {"ms", ms}});
-      return;
     }
-    log::warn("rabbitmq batch not fully delivered", {{"sink", name},
-                                                     {"delivered", delivered},
-                                                     {"retry", retry},
-                                                     {"permanent", permanent},
-                                                     {"deferred", deferred},
-                                                     {"rounds", rounds},
-                                                     {"ms", ms},
-                                                     {"first_error", first_failure->reason}});
+    return outcomes;
   }
 };
 

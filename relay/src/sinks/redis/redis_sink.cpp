@@ -9,6 +9,7 @@
 
 #include "core/key_holds.hpp"
 #include "log/log.hpp"
+#include "sinks/common/batch_log.hpp"
 #include "sinks/redis/redis_connection.hpp"
 #include "sinks/redis/redis_outcomes.hpp"
 
@@ -232,29 +233,8 @@ struct RedisSink::Impl {
     // run time with a retriable error while a later one of its key succeeded (not seen with
     // Redis 7: run-time XADD errors are WRONGTYPE and NOPERM, both permanent).
     hold_back_after_failures(events, outcomes);
-    log_batch(outcomes);
+    log_batch("redis", name, outcomes);
     return outcomes;
-  }
-
-  void log_batch(const std::vector<Outcome>& outcomes) const {
-    std::size_t delivered = 0, retry = 0, permanent = 0, deferred = 0;
-    const Outcome* first_failure = nullptr;
-    for (const auto& o : outcomes) {
-      switch (o.kind) {
-        case OutcomeKind::kDelivered: ++delivered; break;
-        case OutcomeKind::kRetry: ++retry; break;
-        case OutcomeKind::kPermanent: ++permanent; break;
-        case OutcomeKind::kDeferred: ++deferred; break;
-      }
-      if (!first_failure && (o.kind == OutcomeKind::kRetry || o.kind == OutcomeKind::kPermanent)) first_failure = &o;
-    }
-    if (!first_failure) return;
-    log::warn("redis batch not fully delivered", {{"sink", name},
-                                                  {"delivered", delivered},
-                                                  {"retry", retry},
-                                                  {"permanent", permanent},
-                                                  {"deferred", deferred},
-                                                  {"first_error", first_failure->reason}});
   }
 };
 
