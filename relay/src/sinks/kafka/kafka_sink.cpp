@@ -390,11 +390,11 @@ struct KafkaSink::Impl {
     //  2. An event that cannot even be enqueued with a retriable error (the queue stayed full)
     //     holds its key: the later events of that key in this batch are not produced (kDeferred).
     //  3. Defence in depth, for whatever breaks rule 1 (e.g. a partition count change while a
-    //     batch is in flight): hold_back_after_failures() (core/key_holds.hpp, which the loop
-    //     applies to every sink's answer, and this sink to its own for its log) turns a
-    //     kDelivered that follows a kRetry/kDeferred of the same key into kRetry. Its row is then re-sent after the earlier
-    //     one succeeds: a duplicate in Kafka, never an outbox row marked done ahead of an earlier
-    //     event of its key.
+    //     batch is in flight): the loop applies hold_back_after_failures() (core/key_holds.hpp)
+    //     to every sink's answer, which turns a kDelivered that follows a kRetry/kDeferred of
+    //     the same key into kRetry. Its row is then re-sent after the earlier one succeeds: a
+    //     duplicate in Kafka, never an outbox row marked done ahead of an earlier event of its
+    //     key.
     // Not producing later events of a key until the earlier one is acknowledged would serialise
     // every key to one round trip per event; rules 1-3 give the same outbox-side guarantee.
     KeyHolds held;
@@ -453,7 +453,6 @@ struct KafkaSink::Impl {
         reachable = false;
       }
     }
-    hold_back_after_failures(events, outcomes);
     log_batch("kafka", name, outcomes);
     log::debug("kafka batch published",
                {{"sink", name},

@@ -417,7 +417,6 @@ struct NatsSink::Impl {
       }
       outcomes.push_back(std::move(*results[i]));
     }
-    hold_back_after_failures(events, outcomes);  // a no-op by construction; the loop applies it too
     if (dropped.count > 0) {
       log::warn("nats: row headers named Nats-* were not sent (they steer JetStream)",
                 {{"sink", name}, {"headers", dropped.count}, {"example", dropped.example}});

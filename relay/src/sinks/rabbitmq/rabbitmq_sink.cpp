@@ -679,7 +679,6 @@ struct RabbitmqSink::Impl {
     for (std::size_t i = 0; i < n; ++i) {
       outcomes.push_back(b.results[i] ? std::move(*b.results[i]) : Outcome::retry(failure));
     }
-    hold_back_after_failures(events, outcomes);
     const double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - started).count();
     if (!log_batch("rabbitmq", name, outcomes, {{"rounds", rounds}, {"ms", ms}})) {
       log::debug("rabbitmq batch confirmed", {{"sink", name}, {"events", outcomes.size()}, {"ms", ms}});

@@ -7,7 +7,6 @@
 #include <optional>
 #include <thread>
 
-#include "core/key_holds.hpp"
 #include "log/log.hpp"
 #include "sinks/common/batch_log.hpp"
 #include "sinks/redis/redis_connection.hpp"
@@ -229,10 +228,10 @@ struct RedisSink::Impl {
     std::vector<Outcome> outcomes;
     outcomes.reserve(events.size());
     for (auto& r : results) outcomes.push_back(r ? std::move(*r) : Outcome::retry("no outcome"));
-    // Redis ran a transaction's XADDs in order, so this changes nothing unless an XADD failed at
-    // run time with a retriable error while a later one of its key succeeded (not seen with
-    // Redis 7: run-time XADD errors are WRONGTYPE and NOPERM, both permanent).
-    hold_back_after_failures(events, outcomes);
+    // Redis ran a transaction's XADDs in order, so the loop's hold_back_after_failures()
+    // (core/key_holds.hpp) changes nothing here unless an XADD failed at run time with a
+    // retriable error while a later one of its key succeeded (not seen with Redis 7: run-time
+    // XADD errors are WRONGTYPE and NOPERM, both permanent).
     log_batch("redis", name, outcomes);
     return outcomes;
   }
