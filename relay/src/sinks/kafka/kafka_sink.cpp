@@ -2,17 +2,16 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 
 #include "config/duration.hpp"
 #include "config/section.hpp"
 #include "core/key_holds.hpp"
+#include "core/periodic_thread.hpp"
 #include "log/log.hpp"
 #include "sinks/common/batch_log.hpp"
 #include "sinks/kafka/kafka_outcomes.hpp"
@@ -117,18 +116,12 @@ struct KafkaSink::Impl {
   std::vector<std::optional<Outcome>> results;
   std::size_t awaiting = 0;  // produced events of this batch without a delivery report yet
 
-  std::condition_variable wake;
-  bool stopping = false;
-  std::thread poller;
+  // Between batches: serves statistics and errors, re-creates a failed producer (poll_idle).
+  PeriodicThread poller;
 
   ~Impl() {
-    {
-      std::lock_guard lock(mutex);
-      stopping = true;
-    }
-    wake.notify_all();
-    if (poller.joinable()) poller.join();
-    producer.reset();
+    poller.stop();
+    producer.reset();  // before the batch state above, which its last callbacks may touch
   }
 
   // --- librdkafka callbacks (C linkage compatible, opaque = Impl*) ---
@@ -283,12 +276,10 @@ struct KafkaSink::Impl {
     return producer != nullptr;
   }
 
+  // The poller's tick.
   void poll_idle() {
-    std::unique_lock lock(mutex);
-    while (!stopping) {
-      if (ensure_producer()) rd_kafka_poll(producer->rk.get(), 0);
-      wake.wait_for(lock, kIdlePollInterval, [&] { return stopping; });
-    }
+    std::lock_guard lock(mutex);
+    if (ensure_producer()) rd_kafka_poll(producer->rk.get(), 0);
   }
 
   // --- publishing (under mutex) ---
@@ -482,7 +473,7 @@ KafkaSink::KafkaSink(std::string name, KafkaSinkConfig config)
   if (!impl.producer) throw config::ConfigError(error);
   impl.producer_ok = true;
   impl.last_create_attempt = SteadyClock::now();
-  impl.poller = std::thread([&impl] { impl.poll_idle(); });
+  impl.poller.start(kIdlePollInterval, [&impl] { impl.poll_idle(); });  // ~Impl stops it first
   log::info("kafka producer created", {{"sink", impl.name},
                                        {"brokers", impl.config.brokers},
                                        {"topic", impl.config.topic},

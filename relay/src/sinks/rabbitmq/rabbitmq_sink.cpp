@@ -17,6 +17,7 @@
 
 #include "config/duration.hpp"
 #include "core/key_holds.hpp"
+#include "core/periodic_thread.hpp"
 #include "log/log.hpp"
 #include "sinks/common/batch_log.hpp"
 #include "sinks/rabbitmq/rabbitmq_outcomes.hpp"
@@ -185,19 +186,11 @@ struct RabbitmqSink::Impl {
   Watchdog watchdog;
 
   // The keeper: between batches, notices a connection the broker closed and reconnects, so
-  // usable() tells the truth while no events flow. Declared last: it uses everything above.
-  std::mutex keeper_mutex;
-  std::condition_variable keeper_wake;
-  bool stopping = false;
-  std::thread keeper;
+  // usable() tells the truth while no events flow (keep). Declared last: it uses everything above.
+  PeriodicThread keeper;
 
   ~Impl() {
-    {
-      std::lock_guard lock(keeper_mutex);
-      stopping = true;
-    }
-    keeper_wake.notify_all();
-    if (keeper.joinable()) keeper.join();
+    keeper.stop();
     std::lock_guard lock(mutex);
     close_gracefully();
   }
@@ -314,8 +307,9 @@ struct RabbitmqSink::Impl {
     up = false;
   }
 
-  // Between batches: a frame waiting (connection.close from a stopping broker) or a closed
-  // socket means the connection is gone; without one, reconnect (at most once per interval).
+  // The keeper's tick. Between batches: a frame waiting (connection.close from a stopping broker)
+  // or a closed socket means the connection is gone; without one, reconnect (at most once per
+  // interval).
   void keep() {
     std::unique_lock lock(mutex, std::try_to_lock);
     if (!lock.owns_lock()) return;  // a batch is being published
@@ -336,17 +330,6 @@ struct RabbitmqSink::Impl {
     }
     if (SteadyClock::now() - last_connect_attempt >= kKeeperInterval) {
       connect(SteadyClock::now() + config.timeout);
-    }
-  }
-
-  void keep_loop() {
-    std::unique_lock lock(keeper_mutex);
-    while (!stopping) {
-      keeper_wake.wait_for(lock, kKeeperInterval, [&] { return stopping; });
-      if (stopping) break;
-      lock.unlock();
-      keep();
-      lock.lock();
     }
   }
 
@@ -694,7 +677,7 @@ RabbitmqSink::RabbitmqSink(std::string name, RabbitmqSinkConfig config)
     std::lock_guard lock(impl.mutex);
     impl.connect(SteadyClock::now() + impl.config.timeout);
   }
-  impl.keeper = std::thread([&impl] { impl.keep_loop(); });
+  impl.keeper.start(kKeeperInterval, [&impl] { impl.keep(); });  // ~Impl stops it first
 }
 
 RabbitmqSink::~RabbitmqSink() = default;
