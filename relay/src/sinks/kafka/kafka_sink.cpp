@@ -14,6 +14,7 @@
 #include "core/periodic_thread.hpp"
 #include "log/log.hpp"
 #include "sinks/common/batch_log.hpp"
+#include "sinks/common/c_handle.hpp"
 #include "sinks/kafka/kafka_outcomes.hpp"
 #include "sinks/kafka/rdkafka.hpp"
 
@@ -28,28 +29,17 @@ constexpr milliseconds kIdlePollInterval{200};    // between batches: serve stat
 constexpr milliseconds kQueueFullPoll{50};        // queue full: serve reports, then produce again
 constexpr milliseconds kRecreateInterval{1000};   // a failed producer re-creation is retried this often
 
-struct ConfDeleter {
-  void operator()(rd_kafka_conf_t* conf) const { rd_kafka_conf_destroy(conf); }
-};
-struct TopicDeleter {
-  void operator()(rd_kafka_topic_t* topic) const { rd_kafka_topic_destroy(topic); }
-};
-struct HeadersDeleter {
-  void operator()(rd_kafka_headers_t* headers) const { rd_kafka_headers_destroy(headers); }
-};
-struct ProducerDeleter {
-  void operator()(rd_kafka_t* rk) const {
-    // Whatever is still queued belongs to a batch that was already reported (kRetry): it must not
-    // go out later, behind the retry. In-flight requests may still have reached the broker; that
-    // is a duplicate at worst (at-least-once), never a loss.
-    rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT | RD_KAFKA_PURGE_F_NON_BLOCKING);
-    rd_kafka_destroy(rk);
-  }
-};
-using ConfPtr = std::unique_ptr<rd_kafka_conf_t, ConfDeleter>;
-using TopicPtr = std::unique_ptr<rd_kafka_topic_t, TopicDeleter>;
-using HeadersPtr = std::unique_ptr<rd_kafka_headers_t, HeadersDeleter>;
-using ProducerPtr = std::unique_ptr<rd_kafka_t, ProducerDeleter>;
+void purge_and_destroy(rd_kafka_t* rk) {
+  // Whatever is still queued belongs to a batch that was already reported (kRetry): it must not
+  // go out later, behind the retry. In-flight requests may still have reached the broker; that
+  // is a duplicate at worst (at-least-once), never a loss.
+  rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT | RD_KAFKA_PURGE_F_NON_BLOCKING);
+  rd_kafka_destroy(rk);
+}
+using ConfPtr = CHandle<rd_kafka_conf_t, &rd_kafka_conf_destroy>;
+using TopicPtr = CHandle<rd_kafka_topic_t, &rd_kafka_topic_destroy>;
+using HeadersPtr = CHandle<rd_kafka_headers_t, &rd_kafka_headers_destroy>;
+using ProducerPtr = CHandle<rd_kafka_t, &purge_and_destroy>;
 
 // A producer and the topic handles made from it. Members are destroyed in reverse order: the
 // topic handles first, then the producer.

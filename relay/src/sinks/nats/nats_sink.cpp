@@ -15,6 +15,7 @@
 #include "core/key_holds.hpp"
 #include "log/log.hpp"
 #include "sinks/common/batch_log.hpp"
+#include "sinks/common/c_handle.hpp"
 #include "sinks/nats/cnats.hpp"
 #include "sinks/nats/nats_outcomes.hpp"
 
@@ -32,15 +33,10 @@ constexpr int kMaxPingsOut = 2;
 constexpr milliseconds kSettleWait{1'000};
 constexpr milliseconds kCloseWait{5'000};  // for nats.c's closed callback, the last one it makes
 
-// One owner per nats.c handle.
-template <class T, void (*Destroy)(T*)>
-struct Destroyer {
-  void operator()(T* handle) const { Destroy(handle); }
-};
-using OptionsPtr = std::unique_ptr<natsOptions, Destroyer<natsOptions, &natsOptions_Destroy>>;
-using ConnectionPtr = std::unique_ptr<natsConnection, Destroyer<natsConnection, &natsConnection_Destroy>>;
-using JetStreamPtr = std::unique_ptr<jsCtx, Destroyer<jsCtx, &jsCtx_Destroy>>;
-using MessagePtr = std::unique_ptr<natsMsg, Destroyer<natsMsg, &natsMsg_Destroy>>;
+using OptionsPtr = CHandle<natsOptions, &natsOptions_Destroy>;
+using ConnectionPtr = CHandle<natsConnection, &natsConnection_Destroy>;
+using JetStreamPtr = CHandle<jsCtx, &jsCtx_Destroy>;
+using MessagePtr = CHandle<natsMsg, &natsMsg_Destroy>;
 
 // nats.c's description of the last error on this thread, with registered secrets masked.
 std::string last_error() { return log::redact(nats_GetLastError(nullptr)); }

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "sinks/common/c_handle.hpp"
 #include "sinks/rabbitmq/rabbitmq_config.hpp"
 
 namespace outbox::sinks::rabbitmq {
@@ -87,10 +88,6 @@ class Connection {
   std::optional<std::string> idle_check();
 
  private:
-  struct Destroy {
-    void operator()(amqp_connection_state_t_* state) const { amqp_destroy_connection(state); }
-  };
-
   Connection() = default;
   // Login, channel.open and confirm.select, each bounded by the deadline. Returns an error or "".
   std::string handshake(const RabbitmqSinkConfig& config, const std::string& sink_name, Watchdog& watchdog,
@@ -99,7 +96,7 @@ class Connection {
   // The TLS handshake's certificate check failure (configure_client_tls keeps a pointer to it in
   // the connection's SSL context). Declared before state_, so it outlives the context.
   std::string tls_verify_error_;
-  std::unique_ptr<amqp_connection_state_t_, Destroy> state_;
+  CHandle<amqp_connection_state_t_, &amqp_destroy_connection> state_;
 };
 
 }  // namespace outbox::sinks::rabbitmq

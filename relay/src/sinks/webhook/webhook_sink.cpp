@@ -15,6 +15,7 @@
 #include "config/section.hpp"
 #include "log/log.hpp"
 #include "sinks/common/batch_log.hpp"
+#include "sinks/common/c_handle.hpp"
 #include "sinks/webhook/dispatch.hpp"
 #include "sinks/webhook/webhook_outcomes.hpp"
 #include "sinks/webhook/signature.hpp"
@@ -25,18 +26,9 @@ namespace {
 
 using Steady = std::chrono::steady_clock;
 
-struct EasyDeleter {
-  void operator()(CURL* handle) const { curl_easy_cleanup(handle); }
-};
-struct MultiDeleter {
-  void operator()(CURLM* handle) const { curl_multi_cleanup(handle); }
-};
-struct SlistDeleter {
-  void operator()(curl_slist* list) const { curl_slist_free_all(list); }
-};
-using EasyPtr = std::unique_ptr<CURL, EasyDeleter>;
-using MultiPtr = std::unique_ptr<CURLM, MultiDeleter>;
-using SlistPtr = std::unique_ptr<curl_slist, SlistDeleter>;
+using EasyPtr = CHandle<CURL, &curl_easy_cleanup>;
+using MultiPtr = CHandle<CURLM, &curl_multi_cleanup>;
+using SlistPtr = CHandle<curl_slist, &curl_slist_free_all>;
 
 // curl_global_init is not safe to race with other curl calls: once per process, before any handle.
 void init_curl_once() {
