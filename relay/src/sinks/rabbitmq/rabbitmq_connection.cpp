@@ -40,17 +40,20 @@ std::string reply_text(const amqp_rpc_reply_t& reply) {
     case AMQP_RESPONSE_SERVER_EXCEPTION:
       if (reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
         const auto* close = static_cast<const amqp_connection_close_t*>(reply.reply.decoded);
-        return std::string("connection closed by the broker: ") + amqp_reply_name(close->reply_code) + " (" +
-               std::to_string(close->reply_code) + "): " + string_of(close->reply_text);
+        return close_text("connection", close->reply_code, close->reply_text);
       }
       if (reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
         const auto* close = static_cast<const amqp_channel_close_t*>(reply.reply.decoded);
-        return std::string("channel closed by the broker: ") + amqp_reply_name(close->reply_code) + " (" +
-               std::to_string(close->reply_code) + "): " + string_of(close->reply_text);
+        return close_text("channel", close->reply_code, close->reply_text);
       }
       return std::string("unexpected method from the broker: ") + amqp_method_name(reply.reply.id);
   }
   return "unknown reply";
+}
+
+std::string close_text(const char* what, int code, amqp_bytes_t text) {
+  return std::string(what) + " closed by the broker: " + amqp_reply_name(code) + " (" + std::to_string(code) +
+         "): " + string_of(text);
 }
 
 // --- Watchdog ---

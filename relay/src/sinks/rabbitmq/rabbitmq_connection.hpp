@@ -30,6 +30,8 @@ std::string string_of(amqp_bytes_t bytes);
 timeval timeval_of(Clock::duration d);
 // What an RPC reply says, for last_error and the log.
 std::string reply_text(const amqp_rpc_reply_t& reply);
+// "<what> closed by the broker: NO_ROUTE (312): <text>", for a channel.close or connection.close.
+std::string close_text(const char* what, int code, amqp_bytes_t text);
 
 // Shuts a socket down when a call on it outlives its deadline, so that no rabbitmq-c call (a
 // send into a broker that stopped reading, a read of a returned message) blocks a batch for

@@ -24,6 +24,7 @@ namespace outbox::sinks {
 namespace {
 
 using rabbitmq::bytes_of;
+using rabbitmq::close_text;
 using rabbitmq::kChannel;
 using rabbitmq::kWatchdogGrace;
 using rabbitmq::reply_text;
@@ -304,16 +305,12 @@ struct RabbitmqSink::Impl {
         }
         case AMQP_CHANNEL_CLOSE_METHOD: {
           const auto* m = static_cast<const amqp_channel_close_t*>(method.decoded);
-          stop = {Stop::kChannelClosed, m->reply_code,
-                  std::string("channel closed by the broker: ") + amqp_reply_name(m->reply_code) + " (" +
-                      std::to_string(m->reply_code) + "): " + string_of(m->reply_text)};
+          stop = {Stop::kChannelClosed, m->reply_code, close_text("channel", m->reply_code, m->reply_text)};
           break;
         }
         case AMQP_CONNECTION_CLOSE_METHOD: {
           const auto* m = static_cast<const amqp_connection_close_t*>(method.decoded);
-          stop = {Stop::kLost, m->reply_code,
-                  std::string("connection closed by the broker: ") + amqp_reply_name(m->reply_code) + " (" +
-                      std::to_string(m->reply_code) + "): " + string_of(m->reply_text)};
+          stop = {Stop::kLost, m->reply_code, close_text("connection", m->reply_code, m->reply_text)};
           break;
         }
         default:
