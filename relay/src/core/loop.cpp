@@ -75,11 +75,11 @@ std::optional<Clock::SteadyTime> RelayLoop::next_retry_due() const {
 }
 
 void RelayLoop::flush_pending() {
-  take_deferred();
+  take_delayed();
   write_pending();
 }
 
-void RelayLoop::take_deferred() { move_all(deferred_, pending_); }
+void RelayLoop::take_delayed() { move_all(delayed_outcomes_, pending_); }
 
 void RelayLoop::write_pending() {
   if (pending_.empty()) return;
@@ -141,7 +141,7 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
     // The poll writes the outcomes left by earlier polls first, in its own round trip: a retry
     // (or a dead letter, a release) must be written before the claim, whose head-of-line rule
     // holds back the later events of its key.
-    take_deferred();
+    take_delayed();
     events = store_.probe_claim(options_.batch_size, pending_);  // throws: pending_ stays
     note_retries(pending_);
     pending_.clear();
@@ -150,10 +150,10 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
     // batch_size of them pile up; no poll claims those rows again (polls look above every id
     // claimed before), and a full claim writes them first. Then they are written beside this
     // poll's publishing, on the store's second session (drain), off the claim's path.
-    if (deferred_.empty()) deferred_since_ = now;
-    move_all(pending_, deferred_);
-    if (deferred_.size() >= options_.batch_size || now - deferred_since_ >= options_.outcome_delay) {
-      pending_ = std::exchange(deferred_, {});
+    if (delayed_outcomes_.empty()) delayed_since_ = now;
+    move_all(pending_, delayed_outcomes_);
+    if (delayed_outcomes_.size() >= options_.batch_size || now - delayed_since_ >= options_.outcome_delay) {
+      pending_ = std::exchange(delayed_outcomes_, {});
     }
     events = store_.probe_claim(options_.batch_size, {});
   } else {
@@ -166,7 +166,7 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
 
 std::optional<EventId> RelayLoop::lowest_unwritten() const {
   std::optional<EventId> lowest;
-  for (const auto* outcomes : {&pending_, &deferred_}) {
+  for (const auto* outcomes : {&pending_, &delayed_outcomes_}) {
     for (const Completion& c : *outcomes) {
       if (!lowest || c.id < *lowest) lowest = c.id;
     }

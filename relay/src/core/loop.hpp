@@ -90,7 +90,7 @@ class RelayLoop {
   // Applies completions not yet written (left over from a failed complete(), or by polls that
   // leave them to a later poll), if any.
   void flush_pending();
-  bool has_pending() const { return !pending_.empty() || !deferred_.empty(); }
+  bool has_pending() const { return !pending_.empty() || !delayed_outcomes_.empty(); }
   // The lowest id among the outcomes not yet written (has_pending()): between drains, every event
   // this loop claimed below it has its outcome written.
   std::optional<EventId> lowest_unwritten() const;
@@ -105,8 +105,8 @@ class RelayLoop {
 
   // floor: see Store::claim_above (0: none).
   std::vector<Event> claim(bool probe = false, long long floor = 0);
-  void write_pending();  // pending_ only (flush_pending: deferred_ too)
-  void take_deferred();  // deferred_ joins pending_
+  void write_pending();  // pending_ only (flush_pending: delayed_outcomes_ too)
+  void take_delayed();   // delayed_outcomes_ joins pending_
   void note_retries(const std::vector<Completion>& completed);
   // Whether a poll writes the outcomes not yet written in its own call (LoopOptions::outcome_delay).
   bool must_carry() const;
@@ -128,8 +128,10 @@ class RelayLoop {
   LoopOptions options_;
   std::function<double()> jitter01_;
   std::vector<Completion> pending_;
-  std::vector<Completion> deferred_;  // delivered outcomes polls left for a later poll
-  Clock::SteadyTime deferred_since_{};  // when the first of deferred_ was left
+  // Delivered outcomes whose write polls delay for a later poll (LoopOptions::outcome_delay).
+  // Written late, not "deferred": OutcomeKind::kDeferred is an event a sink did not attempt.
+  std::vector<Completion> delayed_outcomes_;
+  Clock::SteadyTime delayed_since_{};  // when the first of delayed_outcomes_ was left
   std::multiset<Clock::SteadyTime> retry_due_;  // bounded; see kMaxTrackedRetries
   DrainPipeline pipeline_;  // last: its helpers stop before anything above goes away
 };

@@ -747,3 +747,21 @@ TEST_CASE("a sink's delivered answer behind a retry of its key is turned into a 
   CHECK(f.store.of(2).error.find("earlier event of the same key") != std::string::npos);
   CHECK(f.store.of(3).kind == Kind::kDelivered);
 }
+
+// The sinks no longer apply hold_back_after_failures() themselves: the loop does, for every
+// answer, also in a drain and behind a deferred event.
+TEST_CASE("a drain turns a sink's delivered answer behind a retried or deferred event of its key into a retry") {
+  Fixture f;
+  f.options.batch_size = 4;
+  f.a.script[1] = Outcome::retry("500");
+  f.a.script[3] = Outcome::deferred();
+  f.store.batches.push_back({event(1, "k"), event(2, "k"), event(3, "j"), event(4, "j")});
+  Router router({}, 1);
+  auto loop = f.make(router, {&f.a});
+  loop.drain({});
+  CHECK(f.store.of(1).kind == Kind::kRetry);
+  CHECK(f.store.of(2).kind == Kind::kRetry);
+  CHECK(f.store.of(2).error.find("earlier event of the same key") != std::string::npos);
+  CHECK(f.store.of(4).kind == Kind::kRetry);
+  CHECK(f.store.of(4).error.find("earlier event of the same key") != std::string::npos);
+}

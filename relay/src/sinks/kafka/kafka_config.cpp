@@ -8,6 +8,7 @@
 #include "config/duration.hpp"
 #include "config/section.hpp"
 #include "log/log.hpp"
+#include "sinks/common/topic_template.hpp"
 #include "sinks/kafka/rdkafka.hpp"
 
 namespace outbox::sinks {
@@ -75,21 +76,7 @@ std::optional<std::string> check_topic_template(const std::string& t) {
 }
 
 std::string render_topic(const std::string& topic_template, const std::string& event_topic) {
-  std::string out;
-  out.reserve(topic_template.size() + event_topic.size());
-  const std::size_t n = std::char_traits<char>::length(kPlaceholder);
-  std::size_t i = 0;
-  while (i < topic_template.size()) {
-    const std::size_t at = topic_template.find(kPlaceholder, i);
-    if (at == std::string::npos) {
-      out.append(topic_template, i);
-      break;
-    }
-    out.append(topic_template, i, at - i);
-    out += event_topic;
-    i = at + n;
-  }
-  return out;
+  return render_topic_template(topic_template, event_topic);
 }
 
 bool valid_kafka_topic_name(const std::string& name) {

@@ -2,18 +2,19 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 
 #include "config/duration.hpp"
 #include "config/section.hpp"
 #include "core/key_holds.hpp"
+#include "core/periodic_thread.hpp"
 #include "log/log.hpp"
+#include "sinks/common/batch_log.hpp"
+#include "sinks/common/c_handle.hpp"
 #include "sinks/kafka/kafka_outcomes.hpp"
 #include "sinks/kafka/rdkafka.hpp"
 
@@ -28,28 +29,17 @@ constexpr milliseconds kIdlePollInterval{200};    // between batches: serve stat
 constexpr milliseconds kQueueFullPoll{50};        // queue full: serve reports, then produce again
 constexpr milliseconds kRecreateInterval{1000};   // a failed producer re-creation is retried this often
 
-struct ConfDeleter {
-  void operator()(rd_kafka_conf_t* conf) const { rd_kafka_conf_destroy(conf); }
-};
-struct TopicDeleter {
-  void operator()(rd_kafka_topic_t* topic) const { rd_kafka_topic_destroy(topic); }
-};
-struct HeadersDeleter {
-  void operator()(rd_kafka_headers_t* headers) const { rd_kafka_headers_destroy(headers); }
-};
-struct ProducerDeleter {
-  void operator()(rd_kafka_t* rk) const {
-    // Whatever is still queued belongs to a batch that was already reported (kRetry): it must not
-    // go out later, behind the retry. In-flight requests may still have reached the broker; that
-    // is a duplicate at worst (at-least-once), never a loss.
-    rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT | RD_KAFKA_PURGE_F_NON_BLOCKING);
-    rd_kafka_destroy(rk);
-  }
-};
-using ConfPtr = std::unique_ptr<rd_kafka_conf_t, ConfDeleter>;
-using TopicPtr = std::unique_ptr<rd_kafka_topic_t, TopicDeleter>;
-using HeadersPtr = std::unique_ptr<rd_kafka_headers_t, HeadersDeleter>;
-using ProducerPtr = std::unique_ptr<rd_kafka_t, ProducerDeleter>;
+void purge_and_destroy(rd_kafka_t* rk) {
+  // Whatever is still queued belongs to a batch that was already reported (kRetry): it must not
+  // go out later, behind the retry. In-flight requests may still have reached the broker; that
+  // is a duplicate at worst (at-least-once), never a loss.
+  rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT | RD_KAFKA_PURGE_F_NON_BLOCKING);
+  rd_kafka_destroy(rk);
+}
+using ConfPtr = CHandle<rd_kafka_conf_t, &rd_kafka_conf_destroy>;
+using TopicPtr = CHandle<rd_kafka_topic_t, &rd_kafka_topic_destroy>;
+using HeadersPtr = CHandle<rd_kafka_headers_t, &rd_kafka_headers_destroy>;
+using ProducerPtr = CHandle<rd_kafka_t, &purge_and_destroy>;
 
 // A producer and the topic handles made from it. Members are destroyed in reverse order: the
 // topic handles first, then the producer.
@@ -116,18 +106,12 @@ struct KafkaSink::Impl {
   std::vector<std::optional<Outcome>> results;
   std::size_t awaiting = 0;  // produced events of this batch without a delivery report yet
 
-  std::condition_variable wake;
-  bool stopping = false;
-  std::thread poller;
+  // Between batches: serves statistics and errors, re-creates a failed producer (poll_idle).
+  PeriodicThread poller;
 
   ~Impl() {
-    {
-      std::lock_guard lock(mutex);
-      stopping = true;
-    }
-    wake.notify_all();
-    if (poller.joinable()) poller.join();
-    producer.reset();
+    poller.stop();
+    producer.reset();  // before the batch state above, which its last callbacks may touch
   }
 
   // --- librdkafka callbacks (C linkage compatible, opaque = Impl*) ---
@@ -282,12 +266,10 @@ struct KafkaSink::Impl {
     return producer != nullptr;
   }
 
+  // The poller's tick.
   void poll_idle() {
-    std::unique_lock lock(mutex);
-    while (!stopping) {
-      if (ensure_producer()) rd_kafka_poll(producer->rk.get(), 0);
-      wake.wait_for(lock, kIdlePollInterval, [&] { return stopping; });
-    }
+    std::lock_guard lock(mutex);
+    if (ensure_producer()) rd_kafka_poll(producer->rk.get(), 0);
   }
 
   // --- publishing (under mutex) ---
@@ -389,11 +371,11 @@ struct KafkaSink::Impl {
     //  2. An event that cannot even be enqueued with a retriable error (the queue stayed full)
     //     holds its key: the later events of that key in this batch are not produced (kDeferred).
     //  3. Defence in depth, for whatever breaks rule 1 (e.g. a partition count change while a
-    //     batch is in flight): hold_back_after_failures() (core/key_holds.hpp, which the loop
-    //     applies to every sink's answer, and this sink to its own for its log) turns a
-    //     kDelivered that follows a kRetry/kDeferred of the same key into kRetry. Its row is then re-sent after the earlier
-    //     one succeeds: a duplicate in Kafka, never an outbox row marked done ahead of an earlier
-    //     event of its key.
+    //     batch is in flight): the loop applies hold_back_after_failures() (core/key_holds.hpp)
+    //     to every sink's answer, which turns a kDelivered that follows a kRetry/kDeferred of
+    //     the same key into kRetry. Its row is then re-sent after the earlier one succeeds: a
+    //     duplicate in Kafka, never an outbox row marked done ahead of an earlier event of its
+    //     key.
     // Not producing later events of a key until the earlier one is acknowledged would serialise
     // every key to one round trip per event; rules 1-3 give the same outbox-side guarantee.
     KeyHolds held;
@@ -452,8 +434,7 @@ struct KafkaSink::Impl {
         reachable = false;
       }
     }
-    hold_back_after_failures(events, outcomes);
-    log_batch(outcomes);
+    log_batch("kafka", name, outcomes);
     log::debug("kafka batch published",
                {{"sink", name},
                 {"events", n},
@@ -461,27 +442,6 @@ struct KafkaSink::Impl {
                 {"acks_ms", std::chrono::duration<double, std::milli>(SteadyClock::now() - produced).count()}});
     if (!replace_reason.empty()) replace_producer(replace_reason);
     return outcomes;
-  }
-
-  void log_batch(const std::vector<Outcome>& outcomes) const {
-    std::size_t delivered = 0, retry = 0, permanent = 0, deferred = 0;
-    const Outcome* first_failure = nullptr;
-    for (const auto& o : outcomes) {
-      switch (o.kind) {
-        case OutcomeKind::kDelivered: ++delivered; break;
-        case OutcomeKind::kRetry: ++retry; break;
-        case OutcomeKind::kPermanent: ++permanent; break;
-        case OutcomeKind::kDeferred: ++deferred; break;
-      }
-      if (!first_failure && (o.kind == OutcomeKind::kRetry || o.kind == OutcomeKind::kPermanent)) first_failure = &o;
-    }
-    if (!first_failure) return;
-    log::warn("kafka batch not fully delivered", {{"sink", name},
-                                                  {"delivered", delivered},
-                                                  {"retry", retry},
-                                                  {"permanent", permanent},
-                                                  {"deferred", deferred},
-                                                  {"first_error", first_failure->reason}});
   }
 
   void flush(milliseconds timeout) {
@@ -503,7 +463,7 @@ KafkaSink::KafkaSink(std::string name, KafkaSinkConfig config)
   if (!impl.producer) throw config::ConfigError(error);
   impl.producer_ok = true;
   impl.last_create_attempt = SteadyClock::now();
-  impl.poller = std::thread([&impl] { impl.poll_idle(); });
+  impl.poller.start(kIdlePollInterval, [&impl] { impl.poll_idle(); });  // ~Impl stops it first
   log::info("kafka producer created", {{"sink", impl.name},
                                        {"brokers", impl.config.brokers},
                                        {"topic", impl.config.topic},

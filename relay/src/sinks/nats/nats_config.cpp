@@ -8,6 +8,7 @@
 #include "config/duration.hpp"
 #include "config/section.hpp"
 #include "log/log.hpp"
+#include "sinks/common/topic_template.hpp"
 
 namespace outbox::sinks {
 namespace {
@@ -110,20 +111,7 @@ std::optional<std::string> check_subject_template(const std::string& t) {
 }
 
 std::string render_subject(const std::string& subject_template, const std::string& event_topic) {
-  std::string out;
-  out.reserve(subject_template.size() + event_topic.size());
-  std::size_t i = 0;
-  while (i < subject_template.size()) {
-    const std::size_t at = subject_template.find(kPlaceholder, i);
-    if (at == std::string::npos) {
-      out.append(subject_template, i);
-      break;
-    }
-    out.append(subject_template, i, at - i);
-    out += event_topic;
-    i = at + kPlaceholderSize;
-  }
-  return out;
+  return render_topic_template(subject_template, event_topic);
 }
 
 bool valid_nats_subject(const std::string& subject) {

@@ -14,6 +14,8 @@
 #include "config/section.hpp"
 #include "core/key_holds.hpp"
 #include "log/log.hpp"
+#include "sinks/common/batch_log.hpp"
+#include "sinks/common/c_handle.hpp"
 #include "sinks/nats/cnats.hpp"
 #include "sinks/nats/nats_outcomes.hpp"
 
@@ -31,15 +33,10 @@ constexpr int kMaxPingsOut = 2;
 constexpr milliseconds kSettleWait{1'000};
 constexpr milliseconds kCloseWait{5'000};  // for nats.c's closed callback, the last one it makes
 
-// One owner per nats.c handle.
-template <class T, void (*Destroy)(T*)>
-struct Destroyer {
-  void operator()(T* handle) const { Destroy(handle); }
-};
-using OptionsPtr = std::unique_ptr<natsOptions, Destroyer<natsOptions, &natsOptions_Destroy>>;
-using ConnectionPtr = std::unique_ptr<natsConnection, Destroyer<natsConnection, &natsConnection_Destroy>>;
-using JetStreamPtr = std::unique_ptr<jsCtx, Destroyer<jsCtx, &jsCtx_Destroy>>;
-using MessagePtr = std::unique_ptr<natsMsg, Destroyer<natsMsg, &natsMsg_Destroy>>;
+using OptionsPtr = CHandle<natsOptions, &natsOptions_Destroy>;
+using ConnectionPtr = CHandle<natsConnection, &natsConnection_Destroy>;
+using JetStreamPtr = CHandle<jsCtx, &jsCtx_Destroy>;
+using MessagePtr = CHandle<natsMsg, &natsMsg_Destroy>;
 
 // nats.c's description of the last error on this thread, with registered secrets masked.
 std::string last_error() { return log::redact(nats_GetLastError(nullptr)); }
@@ -416,43 +413,21 @@ struct NatsSink::Impl {
       }
       outcomes.push_back(std::move(*results[i]));
     }
-    hold_back_after_failures(events, outcomes);  // a no-op by construction; the loop applies it too
     if (dropped.count > 0) {
       log::warn("nats: row headers named Nats-* were not sent (they steer JetStream)",
                 {{"sink", name}, {"headers", dropped.count}, {"example", dropped.example}});
     }
-    log_batch(outcomes, duplicates);
+    if (duplicates > 0) {
+      log::info("nats: JetStream reported re-sent events as duplicates (already stored; counted delivered)",
+                {{"sink", name}, {"duplicates", duplicates}});
+    }
+    log_batch("nats", name, outcomes);
     log::debug("nats batch published",
                {{"sink", name},
                 {"events", n},
                 {"duplicates", duplicates},
                 {"acks_ms", std::chrono::duration<double, std::milli>(answered - started).count()}});
     return outcomes;
-  }
-
-  void log_batch(const std::vector<Outcome>& outcomes, std::size_t duplicates) const {
-    std::size_t delivered = 0, retry = 0, permanent = 0, deferred = 0;
-    const Outcome* first_failure = nullptr;
-    for (const auto& o : outcomes) {
-      switch (o.kind) {
-        case OutcomeKind::kDelivered: ++delivered; break;
-        case OutcomeKind::kRetry: ++retry; break;
-        case OutcomeKind::kPermanent: ++permanent; break;
-        case OutcomeKind::kDeferred: ++deferred; break;
-      }
-      if (!first_failure && (o.kind == OutcomeKind::kRetry || o.kind == OutcomeKind::kPermanent)) first_failure = &o;
-    }
-    if (duplicates > 0) {
-      log::info("nats: JetStream reported re-sent events as duplicates (already stored; counted delivered)",
-                {{"sink", name}, {"duplicates", duplicates}});
-    }
-    if (!first_failure) return;
-    log::warn("nats batch not fully delivered", {{"sink", name},
-                                                 {"delivered", delivered},
-                                                 {"retry", retry},
-                                                 {"permanent", permanent},
-                                                 {"deferred", deferred},
-                                                 {"first_error", first_failure->reason}});
   }
 
   void flush(milliseconds timeout) {

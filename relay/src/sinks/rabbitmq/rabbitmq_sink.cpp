@@ -1,141 +1,42 @@
+// Publishing: a batch in id order on the confirm-mode channel, its confirms, returns and channel
+// errors; the connection and the watchdog are rabbitmq_connection.{hpp,cpp}.
 #include "sinks/rabbitmq/rabbitmq_sink.hpp"
 
 #include <amqp.h>
 #include <amqp_framing.h>
-#include <amqp_ssl_socket.h>
-#include <amqp_tcp_socket.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
 #include <charconv>
-#include <condition_variable>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <unordered_map>
 
 #include "config/duration.hpp"
 #include "core/key_holds.hpp"
+#include "core/periodic_thread.hpp"
 #include "log/log.hpp"
+#include "sinks/common/batch_log.hpp"
+#include "sinks/rabbitmq/rabbitmq_connection.hpp"
 #include "sinks/rabbitmq/rabbitmq_outcomes.hpp"
-#include "sinks/tls_client.hpp"
 
 namespace outbox::sinks {
 namespace {
 
-using SteadyClock = std::chrono::steady_clock;
+using rabbitmq::bytes_of;
+using rabbitmq::close_text;
+using rabbitmq::kChannel;
+using rabbitmq::kWatchdogGrace;
+using rabbitmq::reply_text;
+using rabbitmq::string_of;
+using rabbitmq::timeval_of;
+using SteadyClock = rabbitmq::Clock;
 using std::chrono::milliseconds;
 
-constexpr amqp_channel_t kChannel = 1;
-constexpr int kFrameMax = 131072;
 constexpr milliseconds kKeeperInterval{1000};  // between batches: notice a lost connection, reconnect
-constexpr milliseconds kWatchdogGrace{250};    // our own waits end at the deadline; a stuck call after this
 constexpr std::size_t kMaxHeaderKey = 128;     // rabbitmq-c's limit for a table key
 constexpr std::size_t kMaxHeadersBytes = 64 * 1024;  // the content header must fit in one frame
 constexpr std::size_t kMaxRoutesRemembered = 65536;  // routing keys with {key} may be one per aggregate
-
-struct ConnectionDeleter {
-  void operator()(amqp_connection_state_t_* connection) const { amqp_destroy_connection(connection); }
-};
-using ConnectionPtr = std::unique_ptr<amqp_connection_state_t_, ConnectionDeleter>;
-
-amqp_bytes_t bytes_of(const std::string& text) {
-  // rabbitmq-c takes void* but only reads what it sends.
-  return amqp_bytes_t{text.size(), const_cast<char*>(text.data())};
-}
-
-std::string string_of(amqp_bytes_t bytes) {
-  return bytes.len == 0 ? std::string() : std::string(static_cast<const char*>(bytes.bytes), bytes.len);
-}
-
-timeval timeval_of(SteadyClock::duration d) {
-  const auto us = std::max<long long>(0, std::chrono::duration_cast<std::chrono::microseconds>(d).count());
-  return timeval{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
-}
-
-std::string reply_text(const amqp_rpc_reply_t& reply) {
-  switch (reply.reply_type) {
-    case AMQP_RESPONSE_NORMAL: return "ok";
-    case AMQP_RESPONSE_NONE: return "no reply from the broker";
-    case AMQP_RESPONSE_LIBRARY_EXCEPTION: return amqp_error_string2(reply.library_error);
-    case AMQP_RESPONSE_SERVER_EXCEPTION:
-      if (reply.reply.id == AMQP_CONNECTION_CLOSE_METHOD) {
-        const auto* close = static_cast<const amqp_connection_close_t*>(reply.reply.decoded);
-        return std::string("connection closed by the broker: ") + amqp_reply_name(close->reply_code) + " (" +
-               std::to_string(close->reply_code) + "): " + string_of(close->reply_text);
-      }
-      if (reply.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
-        const auto* close = static_cast<const amqp_channel_close_t*>(reply.reply.decoded);
-        return std::string("channel closed by the broker: ") + amqp_reply_name(close->reply_code) + " (" +
-               std::to_string(close->reply_code) + "): " + string_of(close->reply_text);
-      }
-      return std::string("unexpected method from the broker: ") + amqp_method_name(reply.reply.id);
-  }
-  return "unknown reply";
-}
-
-// Shuts a socket down when a call on it outlives its deadline, so that no rabbitmq-c call (a
-// send into a broker that stopped reading, a read of a returned message) blocks a batch for
-// longer than the sink's timeout. The blocked call then fails and the connection is replaced.
-// Owns its thread; arm() and disarm() are called by the thread that uses the socket, which
-// closes the socket only after disarm(): shutdown() never touches a closed descriptor.
-class Watchdog {
- public:
-  Watchdog() : thread_([this] { run(); }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-
-  void arm(int fd, SteadyClock::time_point deadline) {
-    {
-      std::lock_guard lock(mutex_);
-      fd_ = fd;
-      deadline_ = deadline;
-      tripped_ = false;
-    }
-    wake_.notify_all();
-  }
-  // Returns whether it shut the socket down.
-  bool disarm() {
-    std::lock_guard lock(mutex_);
-    fd_ = -1;
-    return tripped_;
-  }
-
- private:
-  void run() {
-    std::unique_lock lock(mutex_);
-    while (!stopping_) {
-      if (fd_ < 0) {
-        wake_.wait(lock);
-        continue;
-      }
-      if (SteadyClock::now() >= deadline_) {
-        ::shutdown(fd_, SHUT_RDWR);
-        tripped_ = true;
-        fd_ = -1;
-        continue;
-      }
-      wake_.wait_until(lock, deadline_);
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  int fd_ = -1;
-  SteadyClock::time_point deadline_{};
-  bool tripped_ = false;
-  bool stopping_ = false;
-  std::thread thread_;  // last: started after the fields it reads
-};
 
 // What a returned (unroutable) message said.
 struct Returned {
@@ -164,11 +65,10 @@ struct RabbitmqSink::Impl {
   // Held by publish() and by the keeper between batches; the connection is used only under it.
   // The keeper holds it at most about timeout (a reconnect), so publish() waits at most that.
   std::mutex mutex;
-  ConnectionPtr connection;
+  std::unique_ptr<rabbitmq::Connection> connection;  // null: not connected
   std::uint64_t next_tag = 1;  // the delivery tag the broker gives the next publish on the channel
   SteadyClock::time_point last_connect_attempt{};
   std::string last_connect_error;  // logged once per new error, not per attempt
-  std::string tls_verify_error;    // the handshake's certificate check failure (configure_client_tls)
   // NO_ROUTE and NOT_FOUND dead-letter an event only once the broker has settled: it has been
   // reachable for recovery_grace without a lost connection (the sink's own drop after a channel
   // error does not count), and the event's exchange and routing key have not routed a message
@@ -181,22 +81,14 @@ struct RabbitmqSink::Impl {
   std::atomic<bool> up{false};
   std::atomic<std::uint64_t> opened{0};
 
-  Watchdog watchdog;
+  rabbitmq::Watchdog watchdog;  // bounds every blocking call on the connection's socket
 
   // The keeper: between batches, notices a connection the broker closed and reconnects, so
-  // usable() tells the truth while no events flow. Declared last: it uses everything above.
-  std::mutex keeper_mutex;
-  std::condition_variable keeper_wake;
-  bool stopping = false;
-  std::thread keeper;
+  // usable() tells the truth while no events flow (keep). Declared last: it uses everything above.
+  PeriodicThread keeper;
 
   ~Impl() {
-    {
-      std::lock_guard lock(keeper_mutex);
-      stopping = true;
-    }
-    keeper_wake.notify_all();
-    if (keeper.joinable()) keeper.join();
+    keeper.stop();
     std::lock_guard lock(mutex);
     close_gracefully();
   }
@@ -206,34 +98,8 @@ struct RabbitmqSink::Impl {
   bool connect(SteadyClock::time_point deadline) {
     last_connect_attempt = SteadyClock::now();
     std::string error;
-    ConnectionPtr c(amqp_new_connection());
-    if (!c) throw std::bad_alloc();
-    // Owned by the connection.
-    amqp_socket_t* socket = config.tls ? amqp_ssl_socket_new(c.get()) : amqp_tcp_socket_new(c.get());
-    tls_verify_error.clear();
-    if (!socket) {
-      error = "cannot create a socket";
-    } else if (config.tls) {
-      // Our context checks the chain and the host name (DNS names and IP literals), so the
-      // handshake fails on a bad certificate; rabbitmq-c's own checks after it would repeat ours
-      // (and its name check knows DNS names only).
-      error = configure_client_tls(static_cast<SSL_CTX*>(amqp_ssl_socket_get_context(socket)), config.tls_files,
-                                   config.host, &tls_verify_error);
-      amqp_ssl_socket_set_verify_peer(socket, 0);
-      amqp_ssl_socket_set_verify_hostname(socket, 0);
-    }
-    if (socket && error.empty()) {
-      timeval tv = timeval_of(deadline - SteadyClock::now());
-      const int rc = amqp_socket_open_noblock(socket, config.host.c_str(), config.port, &tv);
-      if (rc != AMQP_STATUS_OK) {
-        error = "cannot connect to " + config.host + ":" + std::to_string(config.port) + ": " +
-                amqp_error_string2(rc);
-        if (!tls_verify_error.empty()) error += ": certificate verification failed: " + tls_verify_error;
-      } else {
-        error = handshake(c.get(), deadline);
-      }
-    }
-    if (!error.empty()) {
+    auto c = rabbitmq::Connection::open(config, name, watchdog, deadline, error);
+    if (!c) {
       up = false;
       lost = true;
       if (error != last_connect_error) {
@@ -254,43 +120,6 @@ struct RabbitmqSink::Impl {
     return true;
   }
 
-  // Login, channel.open and confirm.select, each bounded by the deadline. Returns an error or "".
-  std::string handshake(amqp_connection_state_t c, SteadyClock::time_point deadline) {
-    timeval tv = timeval_of(deadline - SteadyClock::now());
-    amqp_set_handshake_timeout(c, &tv);
-    amqp_set_rpc_timeout(c, &tv);
-    const int fd = amqp_get_sockfd(c);
-    watchdog.arm(fd, deadline + kWatchdogGrace);
-
-    const std::string connection_name = "outbox-relay " + name;
-    amqp_table_entry_t entry{};
-    entry.key = amqp_cstring_bytes("connection_name");
-    entry.value.kind = AMQP_FIELD_KIND_UTF8;
-    entry.value.value.bytes = bytes_of(connection_name);
-    amqp_table_t properties{1, &entry};
-    // Heartbeats off: rabbitmq-c answers them only inside its calls. A dead broker is noticed by
-    // the keeper (a closed socket) or by the batch deadline (no confirms), then reconnected.
-    amqp_rpc_reply_t reply =
-        amqp_login_with_properties(c, config.vhost.c_str(), 0, kFrameMax, 0, &properties, AMQP_SASL_METHOD_PLAIN,
-                                   config.user.c_str(), config.password.c_str());
-    std::string error;
-    if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
-      error = "login to vhost '" + config.vhost + "' as '" + config.user + "' failed: " + reply_text(reply);
-    } else {
-      amqp_channel_open(c, kChannel);
-      reply = amqp_get_rpc_reply(c);
-      if (reply.reply_type != AMQP_RESPONSE_NORMAL) {
-        error = "channel.open failed: " + reply_text(reply);
-      } else {
-        amqp_confirm_select(c, kChannel);
-        reply = amqp_get_rpc_reply(c);
-        if (reply.reply_type != AMQP_RESPONSE_NORMAL) error = "confirm.select failed: " + reply_text(reply);
-      }
-    }
-    if (watchdog.disarm() && error.empty()) error = "the handshake did not finish within timeout";
-    return error;
-  }
-
   // lost: the broker or the network ended the connection (not the sink, after a channel error).
   void drop(const std::string& why, bool lost_connection = true) {
     if (!connection) return;
@@ -302,50 +131,23 @@ struct RabbitmqSink::Impl {
 
   void close_gracefully() {
     if (!connection) return;
-    timeval tv = timeval_of(std::min<SteadyClock::duration>(config.timeout, milliseconds{1000}));
-    amqp_set_rpc_timeout(connection.get(), &tv);
-    const int fd = amqp_get_sockfd(connection.get());
-    watchdog.arm(fd, SteadyClock::now() + config.timeout);
-    amqp_channel_close(connection.get(), kChannel, AMQP_REPLY_SUCCESS);
-    amqp_connection_close(connection.get(), AMQP_REPLY_SUCCESS);
-    watchdog.disarm();
+    connection->close_gracefully(watchdog, config.timeout);
     connection.reset();
     up = false;
   }
 
-  // Between batches: a frame waiting (connection.close from a stopping broker) or a closed
-  // socket means the connection is gone; without one, reconnect (at most once per interval).
+  // The keeper's tick. Between batches: a frame waiting (connection.close from a stopping broker)
+  // or a closed socket means the connection is gone; without one, reconnect (at most once per
+  // interval).
   void keep() {
     std::unique_lock lock(mutex, std::try_to_lock);
     if (!lock.owns_lock()) return;  // a batch is being published
     if (connection) {
-      amqp_frame_t frame;
-      timeval zero{0, 0};
-      const int rc = amqp_simple_wait_frame_noblock(connection.get(), &frame, &zero);
-      if (rc == AMQP_STATUS_TIMEOUT) return;
-      if (rc != AMQP_STATUS_OK) {
-        drop(std::string("connection lost while idle: ") + amqp_error_string2(rc));
-      } else if (frame.frame_type == AMQP_FRAME_METHOD &&
-                 (frame.payload.method.id == AMQP_CONNECTION_CLOSE_METHOD ||
-                  frame.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD)) {
-        drop(std::string("closed by the broker while idle: ") + amqp_method_name(frame.payload.method.id));
-      }
-      if (connection) amqp_maybe_release_buffers(connection.get());
+      if (auto gone = connection->idle_check()) drop(*gone);
       return;
     }
     if (SteadyClock::now() - last_connect_attempt >= kKeeperInterval) {
       connect(SteadyClock::now() + config.timeout);
-    }
-  }
-
-  void keep_loop() {
-    std::unique_lock lock(keeper_mutex);
-    while (!stopping) {
-      keeper_wake.wait_for(lock, kKeeperInterval, [&] { return stopping; });
-      if (stopping) break;
-      lock.unlock();
-      keep();
-      lock.lock();
     }
   }
 
@@ -457,7 +259,7 @@ struct RabbitmqSink::Impl {
 
   // Reads one frame (waiting until deadline) and applies it. Returns a stop, or kNone.
   Stop read_one(Batch& b, SteadyClock::time_point deadline) {
-    amqp_connection_state_t c = connection.get();
+    amqp_connection_state_t c = connection->state();
     amqp_frame_t frame;
     timeval tv = timeval_of(deadline - SteadyClock::now());
     const int rc = amqp_simple_wait_frame_noblock(c, &frame, &tv);
@@ -503,16 +305,12 @@ struct RabbitmqSink::Impl {
         }
         case AMQP_CHANNEL_CLOSE_METHOD: {
           const auto* m = static_cast<const amqp_channel_close_t*>(method.decoded);
-          stop = {Stop::kChannelClosed, m->reply_code,
-                  std::string("channel closed by the broker: ") + amqp_reply_name(m->reply_code) + " (" +
-                      std::to_string(m->reply_code) + "): " + string_of(m->reply_text)};
+          stop = {Stop::kChannelClosed, m->reply_code, close_text("channel", m->reply_code, m->reply_text)};
           break;
         }
         case AMQP_CONNECTION_CLOSE_METHOD: {
           const auto* m = static_cast<const amqp_connection_close_t*>(method.decoded);
-          stop = {Stop::kLost, m->reply_code,
-                  std::string("connection closed by the broker: ") + amqp_reply_name(m->reply_code) + " (" +
-                      std::to_string(m->reply_code) + "): " + string_of(m->reply_text)};
+          stop = {Stop::kLost, m->reply_code, close_text("connection", m->reply_code, m->reply_text)};
           break;
         }
         default:
@@ -557,7 +355,7 @@ struct RabbitmqSink::Impl {
   // until each published event is confirmed. Events of a key with an earlier failure are
   // deferred, not sent.
   Stop round(Batch& b, std::size_t window, SteadyClock::time_point deadline) {
-    amqp_connection_state_t c = connection.get();
+    amqp_connection_state_t c = connection->state();
     b.first_tag = next_tag;
     b.tagged.clear();
     b.confirmed.clear();
@@ -645,7 +443,7 @@ struct RabbitmqSink::Impl {
         break;
       }
       ++rounds;
-      watchdog.arm(amqp_get_sockfd(connection.get()), deadline + kWatchdogGrace);
+      watchdog.arm(connection->fd(), deadline + kWatchdogGrace);
       const std::size_t window = one_at_a_time ? 1 : static_cast<std::size_t>(config.max_in_flight);
       Stop stop = round(b, window, deadline);
       if (watchdog.disarm() && stop.kind == Stop::kNone) {
@@ -678,36 +476,11 @@ struct RabbitmqSink::Impl {
     for (std::size_t i = 0; i < n; ++i) {
       outcomes.push_back(b.results[i] ? std::move(*b.results[i]) : Outcome::retry(failure));
     }
-    hold_back_after_failures(events, outcomes);
-    log_batch(outcomes, rounds, started);
-    return outcomes;
-  }
-
-  void log_batch(const std::vector<Outcome>& outcomes, std::size_t rounds, SteadyClock::time_point started) const {
-    std::size_t delivered = 0, retry = 0, permanent = 0, deferred = 0;
-    const Outcome* first_failure = nullptr;
-    for (const auto& o : outcomes) {
-      switch (o.kind) {
-        case OutcomeKind::kDelivered: ++delivered; break;
-        case OutcomeKind::kRetry: ++retry; break;
-        case OutcomeKind::kPermanent: ++permanent; break;
-        case OutcomeKind::kDeferred: ++deferred; break;
-      }
-      if (!first_failure && (o.kind == OutcomeKind::kRetry || o.kind == OutcomeKind::kPermanent)) first_failure = &o;
-    }
     const double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - started).count();
-    if (!first_failure) {
+    if (!log_batch("rabbitmq", name, outcomes, {{"rounds", rounds}, {"ms", ms}})) {
       log::debug("rabbitmq batch confirmed", {{"sink", name}, {"events", outcomes.size()}, {"ms", ms}});
-      return;
     }
-    log::warn("rabbitmq batch not fully delivered", {{"sink", name},
-                                                     {"delivered", delivered},
-                                                     {"retry", retry},
-                                                     {"permanent", permanent},
-                                                     {"deferred", deferred},
-                                                     {"rounds", rounds},
-                                                     {"ms", ms},
-                                                     {"first_error", first_failure->reason}});
+    return outcomes;
   }
 };
 
@@ -718,7 +491,7 @@ RabbitmqSink::RabbitmqSink(std::string name, RabbitmqSinkConfig config)
     std::lock_guard lock(impl.mutex);
     impl.connect(SteadyClock::now() + impl.config.timeout);
   }
-  impl.keeper = std::thread([&impl] { impl.keep_loop(); });
+  impl.keeper.start(kKeeperInterval, [&impl] { impl.keep(); });  // ~Impl stops it first
 }
 
 RabbitmqSink::~RabbitmqSink() = default;

@@ -7,6 +7,7 @@
 #include "config/duration.hpp"
 #include "config/section.hpp"
 #include "log/log.hpp"
+#include "sinks/common/topic_template.hpp"
 
 namespace outbox::sinks {
 namespace {
@@ -144,21 +145,7 @@ std::optional<std::string> check_stream_template(const std::string& t) {
 }
 
 std::string render_stream(const std::string& stream_template, const std::string& event_topic) {
-  std::string out;
-  out.reserve(stream_template.size() + event_topic.size());
-  const std::size_t n = std::char_traits<char>::length(kPlaceholder);
-  std::size_t i = 0;
-  while (i < stream_template.size()) {
-    const std::size_t at = stream_template.find(kPlaceholder, i);
-    if (at == std::string::npos) {
-      out.append(stream_template, i);
-      break;
-    }
-    out.append(stream_template, i, at - i);
-    out += event_topic;
-    i = at + n;
-  }
-  return out;
+  return render_topic_template(stream_template, event_topic);
 }
 
 RedisSinkConfig parse_redis_sink(config::Section& s) {

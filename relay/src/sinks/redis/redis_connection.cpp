@@ -14,19 +14,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include "sinks/common/c_handle.hpp"
+
 namespace outbox::sinks::redis {
 namespace {
 
-template <class T, void (*Free)(T*)>
-struct CFree {
-  void operator()(T* p) const { Free(p); }
-};
-using SslCtxPtr = std::unique_ptr<SSL_CTX, CFree<SSL_CTX, &SSL_CTX_free>>;
-using SslPtr = std::unique_ptr<SSL, CFree<SSL, &SSL_free>>;
-using ReaderPtr = std::unique_ptr<redisReader, CFree<redisReader, &redisReaderFree>>;
-
-void free_addrinfo(addrinfo* ai) { freeaddrinfo(ai); }
-using AddrPtr = std::unique_ptr<addrinfo, CFree<addrinfo, &free_addrinfo>>;
+using SslCtxPtr = CHandle<SSL_CTX, &SSL_CTX_free>;
+using SslPtr = CHandle<SSL, &SSL_free>;
+using ReaderPtr = CHandle<redisReader, &redisReaderFree>;
+using AddrPtr = CHandle<addrinfo, &freeaddrinfo>;
 
 int remaining_ms(Clock::time_point deadline) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();

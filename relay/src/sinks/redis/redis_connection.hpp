@@ -11,16 +11,14 @@
 #include <string_view>
 #include <vector>
 
+#include "sinks/common/c_handle.hpp"
 #include "sinks/redis/redis_config.hpp"
 
 namespace outbox::sinks::redis {
 
 using Clock = std::chrono::steady_clock;
 
-struct ReplyFree {
-  void operator()(redisReply* reply) const { freeReplyObject(reply); }
-};
-using ReplyPtr = std::unique_ptr<redisReply, ReplyFree>;
+using ReplyPtr = CHandle<redisReply, &freeReplyObject>;
 
 // Appends one command in RESP to out (hiredis's redisFormatCommandArgv).
 void append_command(std::string& out, const std::vector<std::string_view>& args);

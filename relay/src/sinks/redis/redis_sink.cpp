@@ -1,16 +1,15 @@
 #include "sinks/redis/redis_sink.hpp"
 
 #include <atomic>
-#include <condition_variable>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <thread>
 
-#include "core/key_holds.hpp"
+#include "core/periodic_thread.hpp"
 #include "log/log.hpp"
+#include "sinks/common/batch_log.hpp"
 #include "sinks/redis/redis_connection.hpp"
-#include "sinks/redis/redis_errors.hpp"
+#include "sinks/redis/redis_outcomes.hpp"
 
 namespace outbox::sinks {
 namespace {
@@ -57,18 +56,8 @@ struct RedisSink::Impl {
 
   std::atomic<bool> up{false};  // usable()
 
-  std::condition_variable wake;
-  bool stopping = false;  // under mutex
-  std::thread helper;
-
-  ~Impl() {
-    {
-      std::lock_guard lock(mutex);
-      stopping = true;
-    }
-    wake.notify_all();
-    if (helper.joinable()) helper.join();
-  }
+  // Connects and PINGs between batches (beat). Last: stopped before anything it uses goes away.
+  PeriodicThread helper;
 
   void set_up(bool now_up, const std::string& why) {
     const bool was = up.exchange(now_up);
@@ -93,40 +82,36 @@ struct RedisSink::Impl {
     set_up(false, why);
   }
 
-  // The helper thread: connects while nobody publishes, and PINGs an idle connection, so
+  // The helper thread's tick: connects while nobody publishes, and PINGs an idle connection, so
   // usable() tells the truth between batches and a dead connection is noticed before a batch.
   void beat() {
     std::unique_lock lock(mutex);
-    while (!stopping) {
-      wake.wait_for(lock, kPingInterval, [&] { return stopping; });
-      if (stopping) break;
-      if (Clock::now() - last_used < kPingInterval && connection) continue;
-      std::string error;
-      // Short, so that ~Impl (which joins this thread) waits at most about kMaxPingWait.
-      const auto deadline = Clock::now() + std::min(config.timeout, kMaxPingWait);
-      if (!connection) {
-        // Connecting can take up to timeout: do it without the lock, so a batch is not held up.
-        lock.unlock();
-        auto fresh = redis::Connection::open(config, deadline, error);
-        lock.lock();
-        if (fresh && !connection) {
-          connection = std::move(fresh);
-          last_used = Clock::now();
-          if (!up.exchange(true)) log::info("redis connected", {{"sink", name}, {"url", config.url_for_logs}});
-        } else if (!fresh) {
-          set_up(false, error);
-        }
-        continue;
-      }
-      std::string ping;
-      redis::append_command(ping, {"PING"});
-      auto replies = connection->roundtrip(ping, 1, deadline, error);
-      if (replies.size() != 1 || replies[0]->type == REDIS_REPLY_ERROR) {
-        drop_connection(replies.empty() ? error : reply_text(*replies[0]));
-      } else {
+    if (Clock::now() - last_used < kPingInterval && connection) return;
+    std::string error;
+    // Short, so that ~Impl (which stops this thread) waits at most about kMaxPingWait.
+    const auto deadline = Clock::now() + std::min(config.timeout, kMaxPingWait);
+    if (!connection) {
+      // Connecting can take up to timeout: do it without the lock, so a batch is not held up.
+      lock.unlock();
+      auto fresh = redis::Connection::open(config, deadline, error);
+      lock.lock();
+      if (fresh && !connection) {
+        connection = std::move(fresh);
         last_used = Clock::now();
-        up = true;
+        if (!up.exchange(true)) log::info("redis connected", {{"sink", name}, {"url", config.url_for_logs}});
+      } else if (!fresh) {
+        set_up(false, error);
       }
+      return;
+    }
+    std::string ping;
+    redis::append_command(ping, {"PING"});
+    auto replies = connection->roundtrip(ping, 1, deadline, error);
+    if (replies.size() != 1 || replies[0]->type == REDIS_REPLY_ERROR) {
+      drop_connection(replies.empty() ? error : reply_text(*replies[0]));
+    } else {
+      last_used = Clock::now();
+      up = true;
     }
   }
 
@@ -228,41 +213,20 @@ struct RedisSink::Impl {
     std::vector<Outcome> outcomes;
     outcomes.reserve(events.size());
     for (auto& r : results) outcomes.push_back(r ? std::move(*r) : Outcome::retry("no outcome"));
-    // Redis ran a transaction's XADDs in order, so this changes nothing unless an XADD failed at
-    // run time with a retriable error while a later one of its key succeeded (not seen with
-    // Redis 7: run-time XADD errors are WRONGTYPE and NOPERM, both permanent).
-    hold_back_after_failures(events, outcomes);
-    log_batch(outcomes);
+    // Redis ran a transaction's XADDs in order, so the loop's hold_back_after_failures()
+    // (core/key_holds.hpp) changes nothing here unless an XADD failed at run time with a
+    // retriable error while a later one of its key succeeded (not seen with Redis 7: run-time
+    // XADD errors are WRONGTYPE and NOPERM, both permanent).
+    log_batch("redis", name, outcomes);
     return outcomes;
-  }
-
-  void log_batch(const std::vector<Outcome>& outcomes) const {
-    std::size_t delivered = 0, retry = 0, permanent = 0, deferred = 0;
-    const Outcome* first_failure = nullptr;
-    for (const auto& o : outcomes) {
-      switch (o.kind) {
-        case OutcomeKind::kDelivered: ++delivered; break;
-        case OutcomeKind::kRetry: ++retry; break;
-        case OutcomeKind::kPermanent: ++permanent; break;
-        case OutcomeKind::kDeferred: ++deferred; break;
-      }
-      if (!first_failure && (o.kind == OutcomeKind::kRetry || o.kind == OutcomeKind::kPermanent)) first_failure = &o;
-    }
-    if (!first_failure) return;
-    log::warn("redis batch not fully delivered", {{"sink", name},
-                                                  {"delivered", delivered},
-                                                  {"retry", retry},
-                                                  {"permanent", permanent},
-                                                  {"deferred", deferred},
-                                                  {"first_error", first_failure->reason}});
   }
 };
 
 RedisSink::RedisSink(std::string name, RedisSinkConfig config)
     : impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
   Impl& impl = *impl_;
-  // The helper reads impl until ~Impl joins it; impl outlives it.
-  impl.helper = std::thread([&impl] { impl.beat(); });
+  // The helper reads impl until it is stopped, as Impl's last member, before the rest of impl.
+  impl.helper.start(kPingInterval, [&impl] { impl.beat(); });
   log::info("redis sink created", {{"sink", impl.name}, {"url", impl.config.url_for_logs}, {"stream", impl.config.stream}});
 }
 

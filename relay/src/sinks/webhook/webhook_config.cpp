@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
-#include <memory>
 #include <set>
 #include <sstream>
 
 #include "config/duration.hpp"
 #include "config/section.hpp"
 #include "log/log.hpp"
+#include "sinks/common/c_handle.hpp"
 #include "sinks/webhook/signature.hpp"
 
 namespace outbox::sinks {
@@ -19,10 +19,7 @@ namespace {
 
 using config::ConfigError;
 
-struct CurlUrlDeleter {
-  void operator()(CURLU* handle) const { curl_url_cleanup(handle); }
-};
-using CurlUrlPtr = std::unique_ptr<CURLU, CurlUrlDeleter>;
+using CurlUrlPtr = CHandle<CURLU, &curl_url_cleanup>;
 
 // A string curl allocated.
 std::string take_curl_string(char* text) {

@@ -14,8 +14,10 @@
 #include "config/duration.hpp"
 #include "config/section.hpp"
 #include "log/log.hpp"
+#include "sinks/common/batch_log.hpp"
+#include "sinks/common/c_handle.hpp"
 #include "sinks/webhook/dispatch.hpp"
-#include "sinks/webhook/outcome.hpp"
+#include "sinks/webhook/webhook_outcomes.hpp"
 #include "sinks/webhook/signature.hpp"
 #include "version.hpp"
 
@@ -24,18 +26,9 @@ namespace {
 
 using Steady = std::chrono::steady_clock;
 
-struct EasyDeleter {
-  void operator()(CURL* handle) const { curl_easy_cleanup(handle); }
-};
-struct MultiDeleter {
-  void operator()(CURLM* handle) const { curl_multi_cleanup(handle); }
-};
-struct SlistDeleter {
-  void operator()(curl_slist* list) const { curl_slist_free_all(list); }
-};
-using EasyPtr = std::unique_ptr<CURL, EasyDeleter>;
-using MultiPtr = std::unique_ptr<CURLM, MultiDeleter>;
-using SlistPtr = std::unique_ptr<curl_slist, SlistDeleter>;
+using EasyPtr = CHandle<CURL, &curl_easy_cleanup>;
+using MultiPtr = CHandle<CURLM, &curl_multi_cleanup>;
+using SlistPtr = CHandle<curl_slist, &curl_slist_free_all>;
 
 // curl_global_init is not safe to race with other curl calls: once per process, before any handle.
 void init_curl_once() {
@@ -363,8 +356,6 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
     }
   }
 
-  std::size_t delivered = 0, retried = 0, permanent = 0, deferred = 0;
-  std::optional<std::size_t> first_error;
   for (const auto& unsent : plan.unsent()) {
     results[unsent.index] = unsent.blocked
                                 ? Outcome::deferred()
@@ -375,23 +366,20 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
   outcomes.reserve(events.size());
   for (auto& r : results) {
     if (!r) r = Outcome::retry("internal error: the webhook sink lost track of this event");
-    switch (r->kind) {
-      case OutcomeKind::kDelivered: ++delivered; break;
-      case OutcomeKind::kRetry: ++retried; break;
-      case OutcomeKind::kPermanent: ++permanent; break;
-      case OutcomeKind::kDeferred: ++deferred; break;
-    }
-    if (!first_error && (r->kind == OutcomeKind::kRetry || r->kind == OutcomeKind::kPermanent)) {
-      first_error = outcomes.size();
-    }
     outcomes.push_back(std::move(*r));
   }
+  const BatchSummary summary = BatchSummary::of(outcomes);
   const auto elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - started).count();
-  nlohmann::json fields{{"sink", name_},         {"events", events.size()}, {"delivered", delivered},
-                        {"retry", retried},      {"permanent", permanent},  {"deferred", deferred},
-                        {"new_connections", new_connections}, {"ms", elapsed_ms}};
-  if (first_error) {
-    fields["first_error"] = outcomes[*first_error].reason;
+  nlohmann::json fields{{"sink", name_},
+                        {"events", events.size()},
+                        {"delivered", summary.delivered},
+                        {"retry", summary.retry},
+                        {"permanent", summary.permanent},
+                        {"deferred", summary.deferred},
+                        {"new_connections", new_connections},
+                        {"ms", elapsed_ms}};
+  if (summary.first_failure) {
+    fields["first_error"] = summary.first_failure->reason;
     log::warn("webhook requests failed", std::move(fields));
   } else {
     log::debug("webhook batch sent", std::move(fields));

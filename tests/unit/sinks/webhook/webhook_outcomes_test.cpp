@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "sinks/webhook/outcome.hpp"
+#include "sinks/webhook/webhook_outcomes.hpp"
 
 using namespace outbox;
 using namespace outbox::sinks::webhook;

@@ -1,4 +1,4 @@
-#include "sinks/webhook/outcome.hpp"
+#include "sinks/webhook/webhook_outcomes.hpp"
 
 #include <curl/curl.h>
 

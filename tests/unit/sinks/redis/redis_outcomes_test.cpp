@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "sinks/redis/redis_errors.hpp"
+#include "sinks/redis/redis_outcomes.hpp"
 
 using namespace outbox::sinks;
 
