@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "core/loop.hpp"
+#include "support/clock.hpp"
 
 using namespace outbox;
 using std::chrono::milliseconds;
@@ -14,13 +15,7 @@ using Kind = Completion::Kind;
 
 namespace {
 
-class FakeClock final : public Clock {
- public:
-  SteadyTime now() const override { return t; }
-  std::int64_t wall_us() const override { return wall; }
-  SteadyTime t{};
-  std::int64_t wall = 1'000'000;
-};
+using outbox::testing::FakeClock;
 
 class FakeStore final : public Store {
  public:

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/runner.hpp"
+#include "support/clock.hpp"
 
 using namespace outbox;
 using std::chrono::milliseconds;
@@ -15,12 +16,7 @@ using Time = Clock::SteadyTime;
 
 namespace {
 
-class FakeClock final : public Clock {
- public:
-  Time now() const override { return t; }
-  std::int64_t wall_us() const override { return 1'000'000; }
-  Time t{};
-};
+using outbox::testing::FakeClock;
 
 Time at(long long ms) { return Time{} + milliseconds(ms); }
 long long ms_of(Time t) { return std::chrono::duration_cast<milliseconds>(t - Time{}).count(); }
