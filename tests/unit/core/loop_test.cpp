@@ -8,6 +8,7 @@
 
 #include "core/loop.hpp"
 #include "support/clock.hpp"
+#include "support/options.hpp"
 
 using namespace outbox;
 using std::chrono::milliseconds;
@@ -134,7 +135,7 @@ struct Fixture {
   FakeSink b{"b"};
   FakeClock clock;
   CountingMetrics metrics;
-  LoopOptions options{500, 3, BackoffPolicy{milliseconds(100), milliseconds(2000)}};
+  LoopOptions options = outbox::testing::loop_options(500, 3, BackoffPolicy{milliseconds(100), milliseconds(2000)});
 
   Router one{{}, 1};
 

@@ -9,6 +9,7 @@
 
 #include "core/runner.hpp"
 #include "support/clock.hpp"
+#include "support/options.hpp"
 
 using namespace outbox;
 using std::chrono::milliseconds;
@@ -240,9 +241,14 @@ struct Fixture {
   CountingMetrics metrics;
   Health health;
   Router router{{}, 1};
-  RelayLoop loop{store,   {&sink}, router, clock, metrics, LoopOptions{500, 5, {milliseconds(100), milliseconds(1000)}},
+  RelayLoop loop{store,
+                 {&sink},
+                 router,
+                 clock,
+                 metrics,
+                 outbox::testing::loop_options(500, 5, {milliseconds(100), milliseconds(1000)}),
                  [] { return 0.0; }};
-  RunnerOptions options;
+  RunnerOptions options = outbox::testing::default_runner_options();
 
   Fixture() {
     options.sweep_interval = milliseconds(30'000);
