@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "postgres/claim_state.hpp"
+#include "support/lanes.hpp"
 
 using namespace outbox;
 using namespace outbox::pg;
@@ -27,11 +28,7 @@ ClaimState at(const ClaimFunctions& schema, LaneMask owned = kAll) {
   return s;
 }
 
-LaneIds all(long long v) {
-  LaneIds ids{};
-  ids.fill(v);
-  return ids;
-}
+using outbox::testing::all_lanes;
 
 }  // namespace
 
@@ -197,7 +194,7 @@ TEST_CASE("claim state: schema 5 reads the writers first, then claims lane by la
   CHECK(s.floor_id() == 100);
   CHECK_FALSE(s.reading_due(kT0 + 1ms));
 
-  CHECK(s.lanes_claimed(kT0, true, 500, 0, all(100), 100) == 0);
+  CHECK(s.lanes_claimed(kT0, true, 500, 0, all_lanes(100), 100) == 0);
   CHECK(s.resolved() == 100);
   CHECK(s.quiet());
   CHECK_FALSE(s.fenced());
@@ -212,7 +209,7 @@ TEST_CASE("claim state: schema 5 reads the writers first, then claims lane by la
   CHECK_FALSE(s.watch_from(true));
 
   // Lane 1 is held at 105 by a writer; lanes 0 and 2 reached 110; lane 5 (not ours) is ignored.
-  LaneIds bounds = all(110);
+  LaneIds bounds = all_lanes(110);
   bounds[1] = 105;
   bounds[5] = 200;
   CHECK(s.lanes_claimed(kT0 + 2ms, true, 500, 4, bounds, 110) == lane_bit(1));
@@ -230,7 +227,7 @@ TEST_CASE("claim state: schema 5 reads the writers first, then claims lane by la
 TEST_CASE("claim state: schema 5 with a reading pending polls through the claim function") {
   ClaimState s = at(kSchema5);
   s.writers_read(kT0, {100, {}});
-  s.lanes_claimed(kT0, true, 500, 0, all(100), 100);
+  s.lanes_claimed(kT0, true, 500, 0, all_lanes(100), 100);
   CHECK(s.ask_anything_new_first(true, false));
   OpenWriter w;
   w.vxid = "3/7";
@@ -247,7 +244,7 @@ TEST_CASE("claim state: schema 5 with a reading pending polls through the claim 
 TEST_CASE("claim state: lanes gained uncover every lane; a lost session forgets them") {
   ClaimState s = at(kSchema5);
   s.writers_read(kT0, {100, {}});
-  s.lanes_claimed(kT0, true, 500, 0, all(100), 100);
+  s.lanes_claimed(kT0, true, 500, 0, all_lanes(100), 100);
   s.lanes_gained();
   CHECK(s.resolved() == -1);
   CHECK(s.lanes().covered()[0] == -1);
