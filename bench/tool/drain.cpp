@@ -10,6 +10,7 @@
 #include "child.hpp"
 #include "commands.hpp"
 #include "common.hpp"
+#include "app/options.hpp"
 #include "postgres/pg_store.hpp"
 #include "tailer.hpp"
 
@@ -27,11 +28,10 @@ long long scalar(pqxx::connection& c, const std::string& sql) {
 // The relay's statements, driven exactly as the relay drives them: claim(batch) then one
 // complete() with every event delivered, until expect events are done.
 long long drain_with_store(const SqlDrainOptions& o, int& batches) {
-  outbox::pg::PgStoreOptions so;
-  so.url = o.url;
-  so.instance_id = "bench-sql-" + std::to_string(getpid());
-  so.delete_on_success = o.delete_on_success;
-  outbox::pg::PgStore store(so);
+  outbox::config::Config config;  // the relay's defaults
+  config.database.url = o.url;
+  config.relay.on_success = o.delete_on_success ? outbox::config::OnSuccess::kDelete : outbox::config::OnSuccess::kMark;
+  outbox::pg::PgStore store(outbox::app::store_options(config, "bench-sql-" + std::to_string(getpid()), nullptr));
   store.connect();
   store.rebalance();  // takes the 64 lanes: it is the only instance
   long long done = 0;

@@ -9,6 +9,7 @@
 #include <regex>
 #include <thread>
 
+#include "app/options.hpp"
 #include "app/ops.hpp"
 #include "core/bell.hpp"
 #include "core/health.hpp"
@@ -87,14 +88,8 @@ int run_relay(const config::Config& config) {
   Bell bell;
   Health health;
   // Declared before ops, whose threads read it, so that it outlives them.
-  pg::PgStoreOptions store_options{config.database.url,
-                                   config.database.table,
-                                   instance_id,
-                                   config.relay.lease,
-                                   config.relay.on_success == config::OnSuccess::kDelete,
-                                   config.relay.writer_hold_warning,
-                                   &health};
-  pg::PgStore store(store_options);
+  const pg::PgStoreOptions store_settings = store_options(config, instance_id, &health);
+  pg::PgStore store(store_settings);
   Ops ops(config, sinks, health, bell);  // binds http.listen: ConfigError (exit 2) if it cannot
   Metrics& metrics = ops.metrics();
   SystemClock clock;
@@ -102,16 +97,8 @@ int run_relay(const config::Config& config) {
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   auto jitter = [&] { return uniform(rng); };  // loop thread only
 
-  RelayLoop loop(store, sinks, router, clock, metrics,
-                 LoopOptions{config.relay.batch_size, config.relay.max_attempts, config.relay.backoff}, jitter);
-  RunnerOptions runner_options;
-  runner_options.sweep_interval = config.relay.sweep_interval;
-  runner_options.rebalance_interval = config.relay.rebalance_interval;
-  runner_options.poll_interval = config.relay.poll_interval;
-  runner_options.light_poll_interval = config.relay.light_poll_interval;
-  runner_options.idle_poll_interval = config.relay.idle_poll_interval;
-  runner_options.reconnect = config.database.reconnect;
-  Runner runner(loop, store, bell, clock, metrics, health, runner_options, jitter);
+  RelayLoop loop(store, sinks, router, clock, metrics, loop_options(config), jitter);
+  Runner runner(loop, store, bell, clock, metrics, health, runner_options(config), jitter);
 
   // A transaction pooler in database.url is a configuration error: refuse before anything runs. A
   // database that cannot be reached now is not: the runner retries (and checks at each connect).
@@ -122,13 +109,8 @@ int run_relay(const config::Config& config) {
   } catch (const StoreUnavailable&) {
   }
 
-  pg::WatchOptions watch;
-  watch.enabled = config.relay.idle_watch;
-  watch.table = config.database.table;
-  watch.check = config.relay.idle_poll_interval;
-  watch.length = runner_options.watched_poll_interval;
-  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, runner_options.reconnect,
-                        clock, watch);
+  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics,
+                        config.database.reconnect, clock, watch_options(config));
   ops.start([&store] { return store.lanes_owned(); });
   listener.start();
   std::promise<void> finished;
@@ -161,7 +143,7 @@ int run_relay(const config::Config& config) {
     // A sink is stuck past the bound: release this instance's leases from a fresh session so a
     // peer takes the rows at once, then leave without waiting for the sink.
     log::warn("batch in flight did not finish within the shutdown timeout; releasing its leases");
-    pg::PgStore rescue(store_options);
+    pg::PgStore rescue(store_settings);
     rescue.release_leases();
     leave_now();
   }

@@ -1,5 +1,8 @@
 #pragma once
-// The relay's configuration, parsed once into typed structs. Defaults live in the members.
+// The relay's configuration, parsed once into typed structs. Every default of the relay is written
+// here: in the members (the file's keys) and in the settings below that have no key. The option
+// structs of the loop, the runner, the store and the listener have no defaults of their own;
+// app/options.hpp builds them from a Config.
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -38,7 +41,7 @@ struct RelaySection {
   // the relay polls once a second; off: it polls every idle_poll_interval.
   bool idle_watch = true;
   int max_attempts = 20;
-  BackoffPolicy backoff{std::chrono::milliseconds{1000}, std::chrono::milliseconds{300'000}};
+  BackoffPolicy backoff{std::chrono::milliseconds{1'000}, std::chrono::milliseconds{300'000}};
   OnSuccess on_success = OnSuccess::kMark;
   std::chrono::milliseconds shutdown_timeout{10'000};
   std::chrono::milliseconds rebalance_interval{5'000};
@@ -54,6 +57,15 @@ struct RelaySection {
   // most once a minute while it goes on): docs/operations.md "An event stream stalled: find the
   // writer".
   std::chrono::milliseconds writer_hold_warning{5'000};
+
+  // Settings with no key in the file (RunnerOptions, LoopOptions and WatchOptions say what they do).
+  // Once nothing new was found for this long, polls slow down to idle_poll_interval.
+  std::chrono::milliseconds idle_after{2'000};
+  // Idle, with the LISTEN session watching the id sequence: polls this far apart, and the length
+  // of one watch statement.
+  std::chrono::milliseconds watched_poll_interval{1'000};
+  // A poll's delivered outcomes wait for up to this long, to be written tens at a time.
+  std::chrono::milliseconds outcome_delay{50};
 };
 
 struct HttpConfig {

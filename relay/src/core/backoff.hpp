@@ -4,9 +4,10 @@
 
 namespace outbox {
 
+// No defaults here: config/config.hpp holds each policy's (relay.backoff, database.reconnect).
 struct BackoffPolicy {
-  std::chrono::milliseconds initial{1000};
-  std::chrono::milliseconds max{300000};
+  std::chrono::milliseconds initial;
+  std::chrono::milliseconds max;
 };
 
 // Delay before the next attempt after `attempts` failed attempts (attempts >= 1):

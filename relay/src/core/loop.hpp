@@ -21,9 +21,10 @@
 
 namespace outbox {
 
+// No defaults here: config/config.hpp holds them, app/options.hpp builds these from a Config.
 struct LoopOptions {
-  std::size_t batch_size = 500;
-  int max_attempts = 20;
+  std::size_t batch_size;
+  int max_attempts;
   BackoffPolicy backoff;
   // A poll's delivered outcomes (marks or deletes) wait for up to this long, so that a steady
   // stream's outcomes are written tens at a time rather than a poll's few (the statement's fixed
@@ -31,7 +32,7 @@ struct LoopOptions {
   // up; carried by the next poll when any other outcome (a retry, a dead letter, a release) is to
   // be written; before every full claim, lane hand-over and shutdown. 0: each poll carries the
   // outcomes of the one before.
-  std::chrono::milliseconds outcome_delay{50};
+  std::chrono::milliseconds outcome_delay;
 };
 
 struct BatchResult {

@@ -21,25 +21,26 @@
 
 namespace outbox {
 
+// No defaults here: config/config.hpp holds them, app/options.hpp builds these from a Config.
 struct RunnerOptions {
-  std::chrono::milliseconds sweep_interval{30000};
-  std::chrono::milliseconds rebalance_interval{5000};
+  std::chrono::milliseconds sweep_interval;
+  std::chrono::milliseconds rebalance_interval;
   // Polls while events flow, or while a claim is held back by an open writer (whose commit or
   // rollback rings nothing): events wait up to this long, and a steady stream is claimed in
   // batches of what arrived meanwhile.
-  std::chrono::milliseconds poll_interval{5};
+  std::chrono::milliseconds poll_interval;
   // A light stream (fewer than kLingerEvents per poll_interval) is polled less often, up to this
   // far apart, so that a poll carries about kLingerEvents events: each poll costs a round trip, a
   // statement and a sink write whatever it carries. Equal to poll_interval: off.
-  std::chrono::milliseconds light_poll_interval{8};
+  std::chrono::milliseconds light_poll_interval;
   // Once nothing new was found for idle_after, the interval grows to idle_poll_interval: what an
   // idle relay costs.
-  std::chrono::milliseconds idle_poll_interval{100};
-  std::chrono::milliseconds idle_after{2000};
+  std::chrono::milliseconds idle_poll_interval;
+  std::chrono::milliseconds idle_after;
   // Idle, with the LISTEN session watching the id sequence for the relay (Waiter::offer_watch:
   // a new id rings at once), polls are only a safety net, this far apart.
-  std::chrono::milliseconds watched_poll_interval{1000};
-  BackoffPolicy reconnect{std::chrono::milliseconds{500}, std::chrono::milliseconds{30000}};
+  std::chrono::milliseconds watched_poll_interval;
+  BackoffPolicy reconnect;
 };
 
 class Runner {

@@ -8,6 +8,7 @@
 
 #include "core/reconnect.hpp"
 #include "log/log.hpp"
+#include "postgres/idle_watch.hpp"
 #include "postgres/pooler.hpp"
 #include "postgres/session.hpp"
 
@@ -23,10 +24,6 @@ class Receiver final : public pqxx::notification_receiver {
  private:
   Bell& bell_;
 };
-
-// How often a session that may not watch looks at the table again (a migration that drops the
-// NOTIFY trigger, a grant, a push trigger created or dropped).
-constexpr auto kLookAgain = std::chrono::seconds(60);
 
 // The sequence to watch, or why not. A table whose enabled triggers notify (schema 1, or the
 // opt-in push trigger) has writers that ring the bell themselves: the session listens only, as
@@ -119,9 +116,7 @@ void Listener::run() {
   std::mt19937 rng{std::random_device{}()};
   std::uniform_real_distribution<double> jitter(0.0, 1.0);
   const HintContext hints{url_user(url_), {}};
-  // At least one sleep per statement, whatever the two durations.
-  const int checks = std::max(2, static_cast<int>(watch_.length / std::max(watch_.check, std::chrono::milliseconds{1})));
-  const double check_seconds = std::chrono::duration<double>(watch_.check).count();
+  const WatchStatement statement = watch_statement(watch_.check, watch_.length);
   Reconnect reconnect({"listener", "LISTEN session lost, will reconnect", "LISTEN session restored"}, reconnect_,
                       bell_, clock_, metrics_, health_.listener_up, health_.listener_error,
                       [&] { return jitter(rng); });
@@ -141,14 +136,13 @@ void Listener::run() {
         conn->prepare("watch", kWatchSql);
         pqxx::nontransaction(*conn).exec0("SET statement_timeout = 0");  // a watch lasts ~watch.length
       }
-      std::optional<std::string> sequence;
-      std::optional<Clock::SteadyTime> looked_at;
+      IdleWatch idle(watch_.enabled);
       for (;;) {
         // Drained before the bell and the offer are read: a stop or an offer made after this makes
         // it readable again, so the wait below cannot miss either.
         bell_.drain_watcher_fd();
         if (bell_.stopped()) break;
-        if (watch_.enabled && (!looked_at || clock_.now() - *looked_at >= kLookAgain)) {
+        if (idle.look_due(clock_.now())) {
           Watchable w;
           try {
             w = look_at_table(*conn, watch_.table);
@@ -157,14 +151,12 @@ void Listener::run() {
           } catch (const pqxx::sql_error& e) {  // listen only: the session itself is fine
             w.why_not = describe_error(e);
           }
-          if (!w.sequence && (sequence || !looked_at)) {  // said once, and again after a change
+          if (idle.looked(clock_.now(), w.sequence)) {
             log::debug("no idle watch on this LISTEN session; the relay polls", {{"reason", w.why_not}});
           }
-          looked_at = clock_.now();
-          sequence = w.sequence;
-          bell_.set_watcher(sequence.has_value());
+          bell_.set_watcher(idle.watching());
         }
-        const auto after = sequence ? bell_.watch_offer() : std::nullopt;
+        const auto after = idle.watching() ? idle.watch_above(bell_.watch_offer()) : std::nullopt;
         if (!after) {
           conn->get_notifs();  // any that libpq read with the last statement
           wait_readable(conn->sock(), bell_.watcher_fd());
@@ -186,19 +178,20 @@ void Listener::run() {
           } not_watching{*this};
           if (bell_.stopped()) break;
           pqxx::nontransaction q(*conn);
-          last = q.exec_prepared1("watch", *sequence, *after, checks, check_seconds)[0].as<long long>();
+          last = q.exec_prepared1("watch", *idle.sequence(), *after, statement.checks, statement.check_seconds)[0]
+                     .as<long long>();
         } catch (const pqxx::broken_connection&) {
           throw;
         } catch (const pqxx::sql_error& e) {
           if (bell_.stopped()) break;  // interrupt(): the statement was cancelled
           // A sequence dropped, a role's statement_timeout, ...: listen only, look again later.
           log::warn("idle watch failed; the relay polls instead", {{"error", describe_error(e)}});
-          sequence.reset();
+          idle.watch_failed();
           bell_.set_watcher(false);
           continue;
         }
         conn->get_notifs();  // what arrived during the statement
-        if (last > *after) bell_.ring_watch(*after);
+        if (IdleWatch::new_id(last, *after)) bell_.ring_watch(*after);
       }
     }, hints);
   });

@@ -29,18 +29,19 @@ class connection_base;
 
 namespace outbox::pg {
 
+// No defaults here: config/config.hpp holds them, app/options.hpp builds these from a Config.
 struct WatchOptions {
-  bool enabled = true;
-  std::string table = "outbox_events";
-  std::chrono::milliseconds check{100};   // between two reads of the sequence
-  std::chrono::milliseconds length{1000};  // of one watch statement
+  bool enabled;
+  std::string table;
+  std::chrono::milliseconds check;   // between two reads of the sequence
+  std::chrono::milliseconds length;  // of one watch statement
 };
 
 class Listener {
  public:
   // Everything is borrowed and must outlive the listener; the clock is read on its thread.
   Listener(std::string url, std::string channel, Bell& bell, Health& health, Metrics& metrics,
-           BackoffPolicy reconnect, const Clock& clock, WatchOptions watch = {});
+           BackoffPolicy reconnect, const Clock& clock, WatchOptions watch);
   ~Listener();  // joins; the thread ends once the bell is stopped
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;

@@ -12,6 +12,7 @@
 
 #include "core/lane_bounds.hpp"
 #include "log/log.hpp"
+#include "postgres/claim_state.hpp"
 #include "postgres/pooler.hpp"
 #include "postgres/session.hpp"
 
@@ -65,17 +66,11 @@ struct PgStore::Impl {
   std::mt19937 rng{std::random_device{}()};
 
   std::string claim_sql, fence_sql, complete_sql;
-  bool fenced = false;  // the last claim stopped at an open writer's fence
   std::string sequence;  // the id sequence, schema-qualified
-  // Schema 2's claim function ({prefix}_claim) exists: one round trip per claim, and polls that
-  // return at once when nothing new was committed. Without it (schema 1, before `migrate`), the
-  // two statements of schema 1; looked for again at every rebalance.
-  bool claim_fn = false;
-  bool claim_floor = false;  // schema 3's claim function, which takes a floor (Store::claim_above)
-  // Schema 5's claim function and writers' reading: lanes resolved one by one (core/lane_bounds).
-  bool claim_lanes = false;
-  LaneBounds lanes;
-  LaneMask owned_mask = 0;
+  // The claim functions found (schema 2's {prefix}_claim: one round trip per claim, and polls
+  // that return at once when nothing new was committed; without it, schema 1's two statements,
+  // looked for again at every rebalance), resolved, the writers' reading, quiet and fenced.
+  ClaimState state;
   // What the operator sees of the writers holding events back (Store::writer_holds).
   WriterHolds holds;
   std::chrono::steady_clock::time_point counted_at{};
@@ -84,12 +79,6 @@ struct PgStore::Impl {
     std::optional<std::chrono::steady_clock::time_point> warned_at;
   };
   std::map<std::string, Warned> warned;  // by vxid, the writers holding events back now
-  long long resolved = -1;  // every id up to it is committed or gone (the last bound); -1: unknown
-  // The claim function's reading of the writers (schema/002): the last id drawn then, and the
-  // transactions that held the table's ROW EXCLUSIVE lock then (a text[] literal); -1: none.
-  long long reading_last = -1;
-  std::string reading_holders = "{}";
-  bool quiet = false;       // the last poll found nothing new: the next one asks "anything new?" first
 
   std::vector<Event> claim_with_function(std::size_t limit, bool probe, std::span<const Completion> completions,
                                         long long floor);
@@ -102,13 +91,13 @@ struct PgStore::Impl {
   // warnings for writers that held events back for longer than writer_hold_warning.
   void report_holds(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now);
   // Looks for the claim function and prepares it on c; at_connect: c is a new session.
-  bool find_claim_function(pqxx::connection& c, bool at_connect);
+  void find_claim_function(pqxx::connection& c, bool at_connect);
 
   void set_owned(std::set<int> lanes_now) {
     owned = std::move(lanes_now);
-    owned_mask = 0;
-    for (int lane : owned) owned_mask |= lane_bit(lane);
-    lanes.set_owned(owned_mask);
+    LaneMask mask = 0;
+    for (int lane : owned) mask |= lane_bit(lane);
+    state.set_owned(mask);
     owned_count = static_cast<int>(owned.size());
     std::vector<int> v(owned.begin(), owned.end());
     owned_literal = int_array(v.data(), v.data() + v.size());
@@ -117,9 +106,7 @@ struct PgStore::Impl {
   void drop() {
     conn.reset();
     set_owned({});
-    resolved = -1;
-    reading_last = -1;
-    lanes.reset();
+    state.session_lost();
     holds = {};
     warned.clear();
   }
@@ -286,7 +273,7 @@ constexpr auto kHeldCountEvery = std::chrono::seconds(1);
 
 }  // namespace
 
-bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
+void PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
   const std::string name = claim_function_name(opt.table);
   bool found = false;
   bool with_floor = false;
@@ -302,8 +289,9 @@ bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
     with_floor = r[1].as<bool>();
     with_lanes = r[2].as<bool>();
   }
-  const bool changed = found != claim_fn || with_floor != claim_floor || with_lanes != claim_lanes;
-  if (found && (at_connect || changed)) {
+  const ClaimFunctions functions{found, with_floor, with_lanes};
+  const auto seen = state.compare(functions, at_connect);
+  if (seen.prepare) {
     if (with_lanes) {
       c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
                                       "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
@@ -314,7 +302,6 @@ bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
                               "WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
                               "AND c.lane = ANY($1::smallint[]) AND c.id > $2 AND c.id <= $3 "
                               "AND c.id > ($4::bigint[])[c.lane + 1] GROUP BY c.lane");
-      lanes.reset();  // the bounds of the other claim function are not carried over
     }
     if (with_floor) {
       c.prepare("claim_fn_floor", "SELECT * FROM " + name +
@@ -329,7 +316,7 @@ bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
     c.prepare("sweep_look", "SELECT c.id FROM " + opt.table + " AS c WHERE " + claimable_rows("$1", "$2") +
                                 "AND c.id > $3 AND c.id <= $4 ORDER BY c.id LIMIT 1");
   }
-  if (!at_connect && changed && found) {
+  if (!at_connect && seen.changed && found) {
     log::info("schema upgraded: claiming through " + name + "()" +
                   (with_lanes ? " lane by lane" : with_floor ? " with a floor" : ""),
               {{"table", opt.table}});
@@ -339,9 +326,7 @@ bool PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
               "statements and writers pay for the NOTIFY trigger",
               {{"table", opt.table}});
   }
-  claim_floor = with_floor;
-  claim_lanes = with_lanes;
-  return found;
+  state.use(functions, seen);
 }
 
 PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
@@ -416,40 +401,15 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
 
 PgStore::~PgStore() = default;
 
-bool PgStore::waiting_for_writers() const { return impl_->fenced; }
+bool PgStore::waiting_for_writers() const { return impl_->state.fenced(); }
 
-std::optional<long long> PgStore::watch_from() const {
-  const auto& im = *impl_;
-  // The state in which a poll asks "anything new above resolved?" first: the last call of the
-  // claim function was a poll that found nothing and was not held back by a writer, so every id
-  // up to resolved is claimed or gone, and every id above it but up to a pending reading's last
-  // id was drawn before that reading (reading_pending: a claim checks those).
-  if (!im.conn || !im.claim_fn || !im.quiet || im.fenced || im.resolved < 0) return std::nullopt;
-  if (im.owned.empty()) return std::nullopt;  // its drains claim nothing: the watch would fire again and again
-  if (im.claim_lanes) return std::max(im.lanes.resolved(), im.lanes.pending_last());
-  return std::max(im.resolved, im.reading_last);
-}
+std::optional<long long> PgStore::watch_from() const { return impl_->state.watch_from(impl_->conn != nullptr); }
 
-bool PgStore::reading_pending() const {
-  const auto& im = *impl_;
-  if (im.claim_lanes) return im.lanes.reading_pending();
-  return im.claim_fn && im.reading_last >= 0;
-}
+bool PgStore::reading_pending() const { return impl_->state.reading_pending(); }
 
 WriterHolds PgStore::writer_holds() const { return impl_->holds; }
 
-std::optional<long long> PgStore::sweep_upto() const {
-  // Polls claim above resolved (claim_with_function); what waits below it, only a claim from the
-  // start or a sweep finds.
-  const auto& im = *impl_;
-  if (!im.conn || !im.claim_fn || im.resolved < 0) return std::nullopt;
-  if (im.claim_lanes) {  // polls look above each lane's bound
-    long long upto = im.resolved;
-    for (int lane : im.owned) upto = std::max(upto, im.lanes.covered()[static_cast<std::size_t>(lane)]);
-    return upto;
-  }
-  return im.resolved;
-}
+std::optional<long long> PgStore::sweep_upto() const { return impl_->state.sweep_upto(impl_->conn != nullptr); }
 
 std::optional<long long> PgStore::first_claimable(long long after, long long upto) {
   connect();
@@ -501,7 +461,7 @@ void PgStore::connect() {
       impl_->sequence = seq[0].as<std::string>();
     }
     conn->prepare("fence", impl_->fence_sql);
-    impl_->claim_fn = impl_->find_claim_function(*conn, true);
+    impl_->find_claim_function(*conn, true);
     // Membership: one advisory lock per live instance, counted by every peer in pg_locks.
     pqxx::nontransaction tx(*conn);
     std::uniform_int_distribution<int> pick(1, 0x7ffffffe);
@@ -558,8 +518,7 @@ bool PgStore::rebalance() {
         // The gained lanes may hold pending rows below what this instance resolved so far (the
         // previous owner's released batch, events committed during the handover): the next claim,
         // even a poll, looks from the start again (claim_with_function: resolved < 0).
-        im.resolved = -1;
-        im.lanes.uncover();
+        im.state.lanes_gained();
         // Whoever held these lanes before has lost its lock (it died or handed them over between
         // batches): its leases are stale, and keeping them would let later events of a key
         // overtake the leased ones. Clear them so the rows are claimable now, in order.
@@ -579,8 +538,9 @@ bool PgStore::rebalance() {
       im.set_owned(std::move(owned));
       return !gained.empty();
     }();
-    if (!im.claim_fn || !im.claim_floor || !im.claim_lanes) {  // before schema 5: look for the newer claim function
-      im.claim_fn = im.find_claim_function(*im.conn, false);
+    const auto& functions = im.state.functions();
+    if (!functions.plain || !functions.floor || !functions.lanes) {  // before schema 5: look for the newer claim function
+      im.find_claim_function(*im.conn, false);
     }
     return gained_any;
   });
@@ -593,7 +553,7 @@ std::vector<Event> PgStore::claim_above(std::size_t limit, long long floor) {
 }
 
 std::vector<Event> PgStore::probe_claim(std::size_t limit, std::span<const Completion> completions) {
-  if (!impl_->claim_fn || impl_->owned.empty()) {  // schema 1, or no lanes yet: two steps
+  if (impl_->state.poll_in_two_steps()) {  // schema 1, or no lanes yet
     complete(completions);
     return claim(limit);
   }
@@ -606,7 +566,7 @@ std::vector<Event> PgStore::claim_or_probe(std::size_t limit, bool probe, std::s
   auto& im = *impl_;
   if (im.owned.empty()) return {};
   return im.on_worker("claim", [&] {
-    auto events = im.claim_fn ? im.claim_with_function(limit, probe, completions, floor)
+    auto events = im.state.by_function() ? im.claim_with_function(limit, probe, completions, floor)
                               : im.claim_with_statements(limit);
     std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.id < b.id; });
     return events;
@@ -634,31 +594,25 @@ std::optional<std::chrono::milliseconds> PgStore::retry_due_in() {
 std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool probe,
                                                       std::span<const Completion> completions, long long floor) {
   pqxx::nontransaction tx(*conn);
-  const long long floor_id = claim_lanes ? lanes.resolved() : resolved;
-  if (probe && quiet && floor_id >= 0 && completions.empty() && !(claim_lanes && lanes.reading_pending())) {
-    // An idle relay polls every idle_poll_interval: a plain index probe costs about half of
-    // calling the function, which answers the same question first when events flow.
-    if (tx.exec_prepared1("anything_new", floor_id)[0].is_null()) return {};
+  if (state.ask_anything_new_first(probe, !completions.empty())) {
+    if (tx.exec_prepared1("anything_new", state.floor_id())[0].is_null()) return {};
   }
   const EncodedCompletions encoded = encode_completions(completions);
-  if (claim_lanes) return claim_with_lanes(tx, limit, probe, encoded.delivered, encoded.others, floor);
+  if (state.by_lanes()) return claim_with_lanes(tx, limit, probe, encoded.delivered, encoded.others, floor);
   const auto lease_ms = static_cast<long long>(opt.lease.count());
-  const auto rows = claim_floor
+  const auto rows = state.functions().floor
                         ? tx.exec_prepared("claim_fn_floor", opt.instance_id, lease_ms, owned_literal,
-                                           static_cast<int>(limit), resolved, probe, encoded.delivered, encoded.others,
-                                           opt.delete_on_success, reading_last, reading_holders, floor)
+                                           static_cast<int>(limit), state.resolved(), probe, encoded.delivered,
+                                           encoded.others, opt.delete_on_success, state.reading_last(),
+                                           state.reading_holders(), floor)
                         : tx.exec_prepared("claim_fn", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
-                                           resolved, probe, encoded.delivered, encoded.others, opt.delete_on_success,
-                                           reading_last, reading_holders);
+                                           state.resolved(), probe, encoded.delivered, encoded.others,
+                                           opt.delete_on_success, state.reading_last(), state.reading_holders());
   return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
-    const long long bound = row[9].as<long long>();
-    const long long last_id = row[10].as<long long>();
-    resolved = std::max(resolved, bound);
-    reading_last = row[11].is_null() ? -1 : row[11].as<long long>();
-    if (reading_last >= 0) reading_holders.assign(row[12].c_str(), row[12].size());
-    quiet = probe && events.empty();
-    // Held back by an open writer: the runner keeps polling at the short interval.
-    fenced = bound < last_id && events.size() < limit;
+    const std::optional<long long> reading_last =
+        row[11].is_null() ? std::nullopt : std::optional<long long>(row[11].as<long long>());
+    state.function_claimed(probe, limit, events.size(), row[9].as<long long>(), row[10].as<long long>(), reading_last,
+                           std::string_view(row[12].c_str(), row[12].size()));
   });
 }
 
@@ -667,12 +621,13 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
                                                    long long floor) {
   // The reading first, in statements of its own: the claim's snapshot comes after it.
   auto now = std::chrono::steady_clock::now();
-  if (lanes.reading_due(now, owned_mask)) {
+  if (state.reading_due(now)) {
     read_writers(tx, now);
     report_holds(tx, now);
   }
   // NULL arrays when every lane is alike (no writer holds one back): the function then does no
   // per-lane work.
+  const LaneBounds& lanes = state.lanes();
   const bool uniform = lanes.uniform();
   const std::string known = uniform ? std::string() : lane_literal(lanes.known());
   const std::string covered = uniform ? std::string() : lane_literal(lanes.covered());
@@ -682,17 +637,8 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
                                      uniform ? nullptr : covered.c_str());
   now = std::chrono::steady_clock::now();
   return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
-    const long long last_id = row[10].as<long long>();
-    if (row[11].is_null()) {
-      lanes.unchanged(now, owned_mask, last_id);
-    } else {
-      lanes.claimed(now, owned_mask, parse_lane_ids(row[11].c_str()), last_id);
-    }
-    resolved = lanes.resolved();
-    const LaneMask held = lanes.held(owned_mask);
-    quiet = probe && events.empty() && held == 0;
-    // Held back by an open writer: the runner keeps polling at the short interval.
-    fenced = held != 0 && events.size() < limit;
+    const auto lane_bounds = row[11].is_null() ? std::nullopt : std::optional<LaneIds>(parse_lane_ids(row[11].c_str()));
+    const LaneMask held = state.lanes_claimed(now, probe, limit, events.size(), lane_bounds, row[10].as<long long>());
     if (held == 0 && !holds.writers.empty()) {
       holds = {};
       warned.clear();
@@ -719,11 +665,12 @@ void PgStore::Impl::read_writers(pqxx::nontransaction& tx, std::chrono::steady_c
     w.wait_event = row[10].is_null() ? "" : row[10].as<std::string>();
     reading.writers.push_back(std::move(w));
   }
-  lanes.read(now, reading);
+  state.writers_read(now, reading);
 }
 
 void PgStore::Impl::report_holds(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now) {
-  const LaneMask held = lanes.held(owned_mask);
+  const LaneBounds& lanes = state.lanes();
+  const LaneMask held = state.held();
   const auto holding = writers_holding(lanes.last_reading(), held);
   if (holding.empty()) {
     holds = {};
@@ -801,9 +748,9 @@ std::vector<Event> PgStore::Impl::claim_with_statements(std::size_t limit) {
       const long long last_id = bound[0].as<long long>();
       const long long fence = bound[1].as<long long>();
       const auto rows = tx.exec_prepared("claim", opt.instance_id, static_cast<long long>(opt.lease.count()),
-                                         owned_literal, static_cast<long long>(limit), std::min(last_id, fence));
-      // Held back by an open writer: poll again soon, as a writer that rolls back rings no bell.
-      fenced = fence < last_id && rows.size() < limit;
+                                         owned_literal, static_cast<long long>(limit),
+                                         ClaimState::statement_bound(last_id, fence));
+      state.statements_claimed(limit, rows.size(), last_id, fence);
       events.reserve(rows.size());
       for (const auto& row : rows) events.push_back(event_from_row(row));
       return events;
@@ -812,7 +759,7 @@ std::vector<Event> PgStore::Impl::claim_with_statements(std::size_t limit) {
   // Schema 2 arrived: its writers take no fences, so this bound is void. (The function was looked
   // up after the locks were read and the last id before them: writers without a fence began after
   // the migration committed, and a migration that committed before the last id was read is seen.)
-  claim_fn = find_claim_function(*conn, false);
+  find_claim_function(*conn, false);
   return claim_with_function(limit, false, {}, 0);
 }
 

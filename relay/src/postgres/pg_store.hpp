@@ -13,18 +13,19 @@ namespace outbox::pg {
 
 using outbox::kLaneCount;  // fixed by the schema's lane column (core/lane_bounds.hpp)
 
+// No defaults here: config/config.hpp holds them, app/options.hpp builds these from a Config.
 struct PgStoreOptions {
   std::string url;
-  std::string table = "outbox_events";
+  std::string table;
   std::string instance_id;
-  std::chrono::milliseconds lease{60'000};
-  bool delete_on_success = false;
+  std::chrono::milliseconds lease;
+  bool delete_on_success;
   // A writer that has held events back for this long is named in a warning (then at most once a
   // minute while it goes on).
-  std::chrono::milliseconds writer_hold_warning{5'000};
+  std::chrono::milliseconds writer_hold_warning;
   // Where connect() reports whether database.url leads to a transaction pooler (readiness); may
   // be null. Must outlive the store.
-  Health* health = nullptr;
+  Health* health;
 };
 
 // Two sessions: one for claims, lanes and membership, one for complete() (so that a batch's

@@ -17,12 +17,7 @@ using outbox::testing::env_of;
 
 // The message of the ConfigError that parsing throws, or "" if it parses.
 std::string error_of(const std::string& yaml, std::map<std::string, std::string> vars = {}) {
-  try {
-    outbox::testing::parse_with_sinks(yaml, env_of(std::move(vars)));
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
+  return outbox::testing::config_error_of([&] { outbox::testing::parse_with_sinks(yaml, env_of(std::move(vars))); }, "");
 }
 
 const char* kIssueExample = R"(

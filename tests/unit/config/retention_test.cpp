@@ -12,18 +12,12 @@ using config::ConfigError;
 
 namespace {
 
-
 config::Config parse(const std::string& yaml) {
   return config::parse_config("database: {url: 'postgresql://u@h/db'}\n" + yaml, outbox::testing::env_of());
 }
 
 std::string error_of(const std::string& yaml) {
-  try {
-    parse(yaml);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return outbox::testing::config_error_of([&] { parse(yaml); });
 }
 
 }  // namespace

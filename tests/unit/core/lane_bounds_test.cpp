@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/lane_bounds.hpp"
+#include "support/lanes.hpp"
 
 using namespace outbox;
 using namespace std::chrono_literals;
@@ -25,11 +26,7 @@ OpenWriter writer(const std::string& vxid, bool complete, LaneMask lanes) {
   return w;
 }
 
-LaneIds all(long long v) {
-  LaneIds ids{};
-  ids.fill(v);
-  return ids;
-}
+using outbox::testing::all_lanes;
 
 }  // namespace
 
@@ -102,7 +99,7 @@ TEST_CASE("lane bounds: claims raise what is known, and a held lane stalls only 
   b.set_owned(kAll);
   const LaneMask owned = kAll;
   b.read(kT0, {100, {writer("3/7", true, lane_bit(5))}});
-  LaneIds bounds = all(120);
+  LaneIds bounds = all_lanes(120);
   bounds[5] = 40;  // lane 5 waits at its first missing id
   b.claimed(kT0 + 1ms, owned, bounds, 130);
   CHECK(b.resolved() == 40);
@@ -112,7 +109,7 @@ TEST_CASE("lane bounds: claims raise what is known, and a held lane stalls only 
   CHECK(b.held(owned) == kAll);  // every lane is below the last id drawn (130)
   CHECK(b.held(lane_bit(5)) == lane_bit(5));
   // The frontier reaches the last id drawn; lane 5 does not move: a reading at most every 100 ms.
-  bounds = all(130);
+  bounds = all_lanes(130);
   bounds[5] = 40;
   b.claimed(kT0 + 9ms, owned, bounds, 130);
   CHECK(b.held(owned) == lane_bit(5));
@@ -136,7 +133,7 @@ TEST_CASE("lane bounds: nothing held means no reading, and the lanes gained are 
   b.set_owned(kAll);
   b.read(kT0, {10, {}});
   CHECK_FALSE(b.uniform());  // covered: nothing yet
-  b.claimed(kT0 + 1ms, kAll, all(20), 20);
+  b.claimed(kT0 + 1ms, kAll, all_lanes(20), 20);
   CHECK(b.uniform());
   CHECK(b.held(kAll) == 0);
   CHECK_FALSE(b.reading_due(kT0 + 1s, kAll));

@@ -7,6 +7,8 @@
 #include <stdexcept>
 
 #include "core/loop.hpp"
+#include "support/clock.hpp"
+#include "support/options.hpp"
 
 using namespace outbox;
 using std::chrono::milliseconds;
@@ -14,13 +16,7 @@ using Kind = Completion::Kind;
 
 namespace {
 
-class FakeClock final : public Clock {
- public:
-  SteadyTime now() const override { return t; }
-  std::int64_t wall_us() const override { return wall; }
-  SteadyTime t{};
-  std::int64_t wall = 1'000'000;
-};
+using outbox::testing::FakeClock;
 
 class FakeStore final : public Store {
  public:
@@ -139,7 +135,7 @@ struct Fixture {
   FakeSink b{"b"};
   FakeClock clock;
   CountingMetrics metrics;
-  LoopOptions options{500, 3, BackoffPolicy{milliseconds(100), milliseconds(2000)}};
+  LoopOptions options = outbox::testing::loop_options(500, 3, BackoffPolicy{milliseconds(100), milliseconds(2000)});
 
   Router one{{}, 1};
 

@@ -8,6 +8,8 @@
 #include <set>
 
 #include "core/runner.hpp"
+#include "support/clock.hpp"
+#include "support/options.hpp"
 
 using namespace outbox;
 using std::chrono::milliseconds;
@@ -15,12 +17,7 @@ using Time = Clock::SteadyTime;
 
 namespace {
 
-class FakeClock final : public Clock {
- public:
-  Time now() const override { return t; }
-  std::int64_t wall_us() const override { return 1'000'000; }
-  Time t{};
-};
+using outbox::testing::FakeClock;
 
 Time at(long long ms) { return Time{} + milliseconds(ms); }
 long long ms_of(Time t) { return std::chrono::duration_cast<milliseconds>(t - Time{}).count(); }
@@ -244,9 +241,14 @@ struct Fixture {
   CountingMetrics metrics;
   Health health;
   Router router{{}, 1};
-  RelayLoop loop{store,   {&sink}, router, clock, metrics, LoopOptions{500, 5, {milliseconds(100), milliseconds(1000)}},
+  RelayLoop loop{store,
+                 {&sink},
+                 router,
+                 clock,
+                 metrics,
+                 outbox::testing::loop_options(500, 5, {milliseconds(100), milliseconds(1000)}),
                  [] { return 0.0; }};
-  RunnerOptions options;
+  RunnerOptions options = outbox::testing::default_runner_options();
 
   Fixture() {
     options.sweep_interval = milliseconds(30'000);

@@ -1,8 +1,10 @@
 #pragma once
-// Test support: an environment for config parsing that is a plain map, not the process's.
+// Test support for config parsing: an environment that is a plain map, not the process's, and the
+// error a parse throws.
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "config/section.hpp"
 
@@ -14,6 +16,17 @@ inline config::EnvLookup env_of(std::map<std::string, std::string> vars = {}) {
     if (it == vars.end()) return std::nullopt;
     return it->second;
   };
+}
+
+// The message of the ConfigError that parse() throws, or `none` if it throws nothing.
+template <class Parse>
+std::string config_error_of(Parse&& parse, std::string none = "(no error)") {
+  try {
+    std::forward<Parse>(parse)();
+  } catch (const config::ConfigError& e) {
+    return e.what();
+  }
+  return none;
 }
 
 }  // namespace outbox::testing

@@ -18,24 +18,12 @@ namespace {
 
 using outbox::testing::env_of;
 
-config::Config parse_sink(const std::string& sink_yaml, const config::EnvLookup& env = env_of({})) {
-  return outbox::testing::parse_with_sinks(
-      "database: {url: 'postgresql://u@h/db'}\nsinks:\n  - name: k\n    type: kafka\n" + sink_yaml, env);
-}
-
-std::string error_of(const std::string& sink_yaml) {
-  try {
-    parse_sink(sink_yaml);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+const outbox::testing::OneSink<sinks::KafkaSinkConfig> entry{"k", "kafka", sinks::parse_kafka_sink};
 
 }  // namespace
 
 TEST_CASE("kafka config: defaults and every key") {
-  const auto c = parse_sink("    brokers: 'b1:9092, b2:9093'\n");
+  const auto c = entry.config("    brokers: 'b1:9092, b2:9093'\n");
   const auto k = outbox::testing::sink_settings(c, 0, sinks::parse_kafka_sink);
   CHECK(k.brokers == "b1:9092, b2:9093");
   CHECK(k.topic == "{topic}");
@@ -43,7 +31,7 @@ TEST_CASE("kafka config: defaults and every key") {
   CHECK(k.properties.empty());
   CHECK(k.key_path == "sinks[0]");
 
-  const auto full = parse_sink(
+  const auto full = entry.config(
       "    brokers: ${KAFKA}\n"
       "    topic: 'outbox.{topic}.v1'\n"
       "    delivery_timeout: 5s\n"
@@ -59,7 +47,7 @@ TEST_CASE("kafka config: defaults and every key") {
 }
 
 TEST_CASE("kafka config: secrets are masked in describe() and in every log line") {
-  const auto c = parse_sink(
+  const auto c = entry.config(
       "    brokers: 'b:9092'\n"
       "    properties: {sasl.username: relay, sasl.password: 's3cr3t-kafka-pw', ssl.key.password: 'key-pw-1234'}\n");
   const auto described = outbox::testing::describe_with_sinks(c).dump();
@@ -79,29 +67,29 @@ TEST_CASE("kafka config: secrets are masked in describe() and in every log line"
 }
 
 TEST_CASE("kafka config: errors name the key and what was expected") {
-  CHECK(error_of("    topic: x\n") == "sinks[0].brokers: required, but missing");
-  CHECK(error_of("    brokers: 'a:1,,b:2'\n").find("sinks[0].brokers: expected host:port") == 0);
-  CHECK(error_of("    brokers: 'a b:1'\n").find("sinks[0].brokers: expected host:port") == 0);
-  CHECK(error_of("    brokers: b:1\n    topic: 'events.{name}'\n").find("sinks[0].topic: unexpected '{'") == 0);
-  CHECK(error_of("    brokers: b:1\n    topic: 'events/{topic}'\n").find("sinks[0].topic: unexpected '/'") == 0);
-  CHECK(error_of("    brokers: b:1\n    topic: ''\n").find("sinks[0].topic:") == 0);
-  CHECK(error_of("    brokers: b:1\n    topic: '..'\n").find("sinks[0].topic: '..' is not a valid Kafka topic") == 0);
-  CHECK(error_of("    brokers: b:1\n    delivery_timeout: 10ms\n") ==
+  CHECK(entry.error_of("    topic: x\n") == "sinks[0].brokers: required, but missing");
+  CHECK(entry.error_of("    brokers: 'a:1,,b:2'\n").find("sinks[0].brokers: expected host:port") == 0);
+  CHECK(entry.error_of("    brokers: 'a b:1'\n").find("sinks[0].brokers: expected host:port") == 0);
+  CHECK(entry.error_of("    brokers: b:1\n    topic: 'events.{name}'\n").find("sinks[0].topic: unexpected '{'") == 0);
+  CHECK(entry.error_of("    brokers: b:1\n    topic: 'events/{topic}'\n").find("sinks[0].topic: unexpected '/'") == 0);
+  CHECK(entry.error_of("    brokers: b:1\n    topic: ''\n").find("sinks[0].topic:") == 0);
+  CHECK(entry.error_of("    brokers: b:1\n    topic: '..'\n").find("sinks[0].topic: '..' is not a valid Kafka topic") == 0);
+  CHECK(entry.error_of("    brokers: b:1\n    delivery_timeout: 10ms\n") ==
         "sinks[0].delivery_timeout: expected 100ms to 1h, got 10ms");
-  CHECK(error_of("    brokers: b:1\n    properties: {no.such.property: 1}\n")
+  CHECK(entry.error_of("    brokers: b:1\n    properties: {no.such.property: 1}\n")
             .find("sinks[0].properties.no.such.property: No such configuration property") == 0);
-  CHECK(error_of("    brokers: b:1\n    properties: {compression.type: bogus}\n")
+  CHECK(entry.error_of("    brokers: b:1\n    properties: {compression.type: bogus}\n")
             .find("sinks[0].properties.compression.type: Invalid value") == 0);
-  CHECK(error_of("    brokers: b:1\n    properties: {enable.idempotence: 'false'}\n")
+  CHECK(entry.error_of("    brokers: b:1\n    properties: {enable.idempotence: 'false'}\n")
             .find("sinks[0].properties.enable.idempotence: must be true") == 0);
-  CHECK(error_of("    brokers: b:1\n    properties: {bootstrap.servers: 'x:1'}\n")
+  CHECK(entry.error_of("    brokers: b:1\n    properties: {bootstrap.servers: 'x:1'}\n")
             .find("sinks[0].properties.bootstrap.servers: not allowed here") == 0);
-  CHECK(error_of("    brokers: b:1\n    properties: {message.timeout.ms: 1000}\n")
+  CHECK(entry.error_of("    brokers: b:1\n    properties: {message.timeout.ms: 1000}\n")
             .find("sinks[0].properties.message.timeout.ms: not allowed here") == 0);
-  CHECK(error_of("    brokers: b:1\n    properties: {transactional.id: t}\n")
+  CHECK(entry.error_of("    brokers: b:1\n    properties: {transactional.id: t}\n")
             .find("sinks[0].properties.transactional.id: not allowed here") == 0);
-  CHECK(error_of("    brokers: b:1\n    propertys: {}\n").find("sinks[0].propertys: unknown key") == 0);
-  CHECK(error_of("    brokers: b:1\n    properties: [a]\n") == "sinks[0].properties: expected a mapping of strings");
+  CHECK(entry.error_of("    brokers: b:1\n    propertys: {}\n").find("sinks[0].propertys: unknown key") == 0);
+  CHECK(entry.error_of("    brokers: b:1\n    properties: [a]\n") == "sinks[0].properties: expected a mapping of strings");
 }
 
 TEST_CASE("kafka config: topic templates") {
@@ -126,13 +114,13 @@ TEST_CASE("kafka config: topic templates") {
 TEST_CASE("kafka config: the registry builds the sink; a producer librdkafka rejects is a ConfigError naming the key" *
           doctest::test_suite("librdkafka")) {
   log::set_level(log::Level::kError);  // the producer warns that nothing listens on port 1
-  const auto good = parse_sink("    brokers: '127.0.0.1:1'\n");
+  const auto good = entry.config("    brokers: '127.0.0.1:1'\n");
   auto sink = sinks::prepare_sinks(good).at(0).spec->make("k");
   CHECK(sink->name() == "k");
   CHECK_FALSE(sink->usable());  // nothing listens on port 1
 
   // acks=1 passes the property check alone, but the idempotent producer refuses it.
-  const auto bad = parse_sink("    brokers: '127.0.0.1:1'\n    properties: {acks: '1'}\n");
+  const auto bad = entry.config("    brokers: '127.0.0.1:1'\n    properties: {acks: '1'}\n");
   try {
     sinks::prepare_sinks(bad).at(0).spec->make("k");
     FAIL("expected a ConfigError");

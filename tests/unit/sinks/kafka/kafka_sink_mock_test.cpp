@@ -18,6 +18,7 @@
 #include "log/log.hpp"
 #include "sinks/kafka/kafka_sink.hpp"
 #include "sinks/kafka/rdkafka.hpp"
+#include "support/options.hpp"
 // after rdkafka.hpp
 #include <librdkafka/rdkafka_mock.h>
 
@@ -278,7 +279,8 @@ class MemoryStore final : public Store {
 struct Harness {
   explicit Harness(Sink& sink, std::size_t batch_size = 200)
       : loop(store, {&sink}, router, clock, metrics,
-             LoopOptions{batch_size, 50, BackoffPolicy{milliseconds{50}, milliseconds{500}}}, [] { return 0.5; }) {}
+             outbox::testing::loop_options(batch_size, 50, BackoffPolicy{milliseconds{50}, milliseconds{500}}),
+             [] { return 0.5; }) {}
 
   // Runs batches until nothing is pending; tick runs before each batch (fault schedules).
   void drain(seconds limit, const std::function<void()>& tick = {}) {

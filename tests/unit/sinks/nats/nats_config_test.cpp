@@ -18,24 +18,12 @@ namespace {
 
 using outbox::testing::env_of;
 
-config::Config parse_sink(const std::string& sink_yaml, const config::EnvLookup& env = env_of({})) {
-  return outbox::testing::parse_with_sinks(
-      "database: {url: 'postgresql://u@h/db'}\nsinks:\n  - name: n\n    type: nats\n" + sink_yaml, env);
-}
-
-std::string error_of(const std::string& sink_yaml) {
-  try {
-    parse_sink(sink_yaml);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+const outbox::testing::OneSink<sinks::NatsSinkConfig> entry{"n", "nats", sinks::parse_nats_sink};
 
 }  // namespace
 
 TEST_CASE("nats config: defaults and every key") {
-  const auto c = parse_sink("    url: 'nats://127.0.0.1:4222'\n");
+  const auto c = entry.config("    url: 'nats://127.0.0.1:4222'\n");
   const auto n = outbox::testing::sink_settings(c, 0, sinks::parse_nats_sink);
   CHECK(n.url == "nats://127.0.0.1:4222");
   CHECK(n.url_for_logs == "nats://127.0.0.1:4222");
@@ -45,7 +33,7 @@ TEST_CASE("nats config: defaults and every key") {
   CHECK(n.no_stream == sinks::NatsNoStream::kRetry);
   CHECK(n.key_path == "sinks[0]");
 
-  const auto full = parse_sink(
+  const auto full = entry.config(
       "    url: ${NATS_URL}\n"
       "    subject: 'outbox.{topic}.v1'\n"
       "    timeout: 2s\n"
@@ -62,36 +50,36 @@ TEST_CASE("nats config: defaults and every key") {
 }
 
 TEST_CASE("nats config: errors name the key and what was expected") {
-  CHECK(error_of("    subject: x\n") == "sinks[0].url: required, but missing");
-  CHECK(error_of("    url: 'http://h:4222'\n") ==
+  CHECK(entry.error_of("    subject: x\n") == "sinks[0].url: required, but missing");
+  CHECK(entry.error_of("    url: 'http://h:4222'\n") ==
         "sinks[0].url: unsupported scheme 'http', expected one of: nats, tls");
-  CHECK(error_of("    url: 'h:4222'\n").find("sinks[0].url: expected nats://") == 0);
-  CHECK(error_of("    url: 'nats://a:1,,nats://b:2'\n").find("sinks[0].url: empty URL in the list") == 0);
-  CHECK(error_of("    url: 'nats://a b:1'\n").find("sinks[0].url: expected nats://") == 0);
-  CHECK(error_of("    url: 'nats://h:99999'\n") == "sinks[0].url: port 99999 out of range 1..65535");
-  CHECK(error_of("    url: 'nats://h:1'\n    subject: 'events.{name}'\n").find("sinks[0].subject: unexpected '{'") ==
+  CHECK(entry.error_of("    url: 'h:4222'\n").find("sinks[0].url: expected nats://") == 0);
+  CHECK(entry.error_of("    url: 'nats://a:1,,nats://b:2'\n").find("sinks[0].url: empty URL in the list") == 0);
+  CHECK(entry.error_of("    url: 'nats://a b:1'\n").find("sinks[0].url: expected nats://") == 0);
+  CHECK(entry.error_of("    url: 'nats://h:99999'\n") == "sinks[0].url: port 99999 out of range 1..65535");
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events.{name}'\n").find("sinks[0].subject: unexpected '{'") ==
         0);
-  CHECK(error_of("    url: 'nats://h:1'\n    subject: 'events {topic}'\n").find("sinks[0].subject: unexpected ' '") ==
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events {topic}'\n").find("sinks[0].subject: unexpected ' '") ==
         0);
-  CHECK(error_of("    url: 'nats://h:1'\n    subject: 'events.*'\n").find("sinks[0].subject: 'events.*' does not") ==
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events.*'\n").find("sinks[0].subject: 'events.*' does not") ==
         0);
-  CHECK(error_of("    url: 'nats://h:1'\n    subject: 'events.>'\n").find("sinks[0].subject:") == 0);
-  CHECK(error_of("    url: 'nats://h:1'\n    subject: 'a..{topic}'\n").find("sinks[0].subject:") == 0);
-  CHECK(error_of("    url: 'nats://h:1'\n    subject: '.{topic}'\n").find("sinks[0].subject:") == 0);
-  CHECK(error_of("    url: 'nats://h:1'\n    subject: ''\n").find("sinks[0].subject: must not be empty") == 0);
-  CHECK(error_of("    url: 'nats://h:1'\n    timeout: 10ms\n") ==
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events.>'\n").find("sinks[0].subject:") == 0);
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'a..{topic}'\n").find("sinks[0].subject:") == 0);
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: '.{topic}'\n").find("sinks[0].subject:") == 0);
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: ''\n").find("sinks[0].subject: must not be empty") == 0);
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    timeout: 10ms\n") ==
         "sinks[0].timeout: expected a duration from 100ms to 10m, got 10ms");
-  CHECK(error_of("    url: 'nats://h:1'\n    timeout: soon\n").find("sinks[0].timeout:") == 0);
-  CHECK(error_of("    url: 'nats://h:1'\n    max_in_flight: 0\n").find("sinks[0].max_in_flight: expected a whole "
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    timeout: soon\n").find("sinks[0].timeout:") == 0);
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    max_in_flight: 0\n").find("sinks[0].max_in_flight: expected a whole "
                                                                        "number from 1 to 65536") == 0);
-  CHECK(error_of("    url: 'nats://h:1'\n    no_stream: ignore\n") ==
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    no_stream: ignore\n") ==
         "sinks[0].no_stream: unsupported value 'ignore', expected one of: retry, permanent");
-  CHECK(error_of("    url: 'nats://h:1'\n    stream: X\n").find("sinks[0].stream: unknown key") == 0);
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    stream: X\n").find("sinks[0].stream: unknown key") == 0);
 }
 
 TEST_CASE("nats config: passwords and tokens in the URL are masked in describe(), errors and every log line") {
   const auto c =
-      parse_sink("    url: 'nats://relay:n4ts-s3cret-pw@127.0.0.1:4222,nats://tok3n-abcdef@10.0.0.2:4222'\n");
+      entry.config("    url: 'nats://relay:n4ts-s3cret-pw@127.0.0.1:4222,nats://tok3n-abcdef@10.0.0.2:4222'\n");
   const auto j = outbox::testing::describe_with_sinks(c)["sinks"][0];
   CHECK(j["type"] == "nats");
   CHECK(j["url"] == "nats://relay:*****@127.0.0.1:4222,nats://*****@10.0.0.2:4222");
@@ -105,7 +93,7 @@ TEST_CASE("nats config: passwords and tokens in the URL are masked in describe()
   CHECK(log::redact("auth with n4ts-s3cret-pw and tok3n-abcdef failed") == "auth with ***** and ***** failed");
 
   // A URL that fails its check never echoes its password.
-  const std::string error = error_of("    url: 'nats://relay:an0ther-s3cret@host:4222/x y'\n");
+  const std::string error = entry.error_of("    url: 'nats://relay:an0ther-s3cret@host:4222/x y'\n");
   CHECK(error.find("sinks[0].url:") == 0);
   CHECK(error.find("an0ther-s3cret") == std::string::npos);
   CHECK(log::redact("an0ther-s3cret") == "*****");
@@ -146,7 +134,7 @@ TEST_CASE("nats config: subjects and headers") {
 
 TEST_CASE("nats config: the registry builds the sink; it connects in the background") {
   log::set_level(log::Level::kError);  // the sink warns that nothing listens on port 1
-  const auto good = parse_sink("    url: 'nats://127.0.0.1:1'\n    timeout: 200ms\n");
+  const auto good = entry.config("    url: 'nats://127.0.0.1:1'\n    timeout: 200ms\n");
   auto sink = sinks::prepare_sinks(good).at(0).spec->make("n");
   CHECK(sink->name() == "n");
   CHECK_FALSE(sink->usable());  // nothing listens on port 1

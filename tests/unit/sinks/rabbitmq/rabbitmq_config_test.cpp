@@ -18,28 +18,12 @@ namespace {
 
 using outbox::testing::env_of;
 
-config::Config parse_sink(const std::string& sink_yaml, const config::EnvLookup& env = env_of({})) {
-  return outbox::testing::parse_with_sinks(
-      "database: {url: 'postgresql://u@h/db'}\nsinks:\n  - name: r\n    type: rabbitmq\n" + sink_yaml, env);
-}
-
-sinks::RabbitmqSinkConfig settings(const std::string& sink_yaml, const config::EnvLookup& env = env_of({})) {
-  return outbox::testing::sink_settings(parse_sink(sink_yaml, env), 0, sinks::parse_rabbitmq_sink);
-}
-
-std::string error_of(const std::string& sink_yaml) {
-  try {
-    parse_sink(sink_yaml);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+const outbox::testing::OneSink<sinks::RabbitmqSinkConfig> entry{"r", "rabbitmq", sinks::parse_rabbitmq_sink};
 
 }  // namespace
 
 TEST_CASE("rabbitmq config: defaults and every key") {
-  const auto d = settings("    url: 'amqp://broker'\n    exchange: outbox\n");
+  const auto d = entry.settings("    url: 'amqp://broker'\n    exchange: outbox\n");
   CHECK(d.host == "broker");
   CHECK(d.port == 5672);
   CHECK(d.vhost == "/");
@@ -53,7 +37,7 @@ TEST_CASE("rabbitmq config: defaults and every key") {
   CHECK(d.key_path == "sinks[0]");
   CHECK(d.url_for_logs == "amqp://broker");
 
-  const auto f = settings(
+  const auto f = entry.settings(
       "    url: 'amqp://relay:${RMQ_PW}@127.0.0.1:5673/orders%2Fprod'\n"
       "    exchange: 'events.{topic}'\n"
       "    routing_key: '{topic}.{key}'\n"
@@ -74,28 +58,28 @@ TEST_CASE("rabbitmq config: defaults and every key") {
   CHECK(f.url_for_logs == "amqp://relay:*****@127.0.0.1:5673/orders%2Fprod");
 
   // "" is the default exchange: routing key = queue name.
-  CHECK(settings("    url: 'amqp://h'\n    exchange: ''\n").exchange.empty());
+  CHECK(entry.settings("    url: 'amqp://h'\n    exchange: ''\n").exchange.empty());
 }
 
 TEST_CASE("rabbitmq config: amqps:// is TLS, verified unless insecure_skip_verify") {
-  const auto plain = settings("    url: 'amqp://broker'\n    exchange: outbox\n");
+  const auto plain = entry.settings("    url: 'amqp://broker'\n    exchange: outbox\n");
   CHECK_FALSE(plain.tls);
-  CHECK_FALSE(outbox::testing::describe_with_sinks(parse_sink("    url: 'amqp://broker'\n    exchange: x\n"))["sinks"][0]
+  CHECK_FALSE(outbox::testing::describe_with_sinks(entry.config("    url: 'amqp://broker'\n    exchange: x\n"))["sinks"][0]
                   .contains("tls"));
-  const auto d = settings("    url: 'amqps://relay:pw-tls-1@broker/'\n    exchange: outbox\n");
+  const auto d = entry.settings("    url: 'amqps://relay:pw-tls-1@broker/'\n    exchange: outbox\n");
   CHECK(d.tls);
   CHECK(d.port == 5671);  // the AMQPS port
   CHECK(d.tls_files.ca_file.empty());  // the system CA store
   CHECK_FALSE(d.tls_files.insecure_skip_verify);
   const auto j = outbox::testing::describe_with_sinks(
-      parse_sink("    url: 'amqps://broker:5673/'\n    exchange: x\n    tls: {insecure_skip_verify: true}\n"))["sinks"][0];
+      entry.config("    url: 'amqps://broker:5673/'\n    exchange: x\n    tls: {insecure_skip_verify: true}\n"))["sinks"][0];
   CHECK(j["url"] == "amqps://broker:5673/");
   CHECK(j["tls"]["insecure_skip_verify"] == true);
   CHECK(j["tls"]["ca_file"] == "");
 }
 
 TEST_CASE("rabbitmq config: the password is masked in describe() and in every log line") {
-  const auto c = parse_sink("    url: 'amqp://relay:s3cr3t-rabbit-pw@mq:5672/'\n    exchange: outbox\n");
+  const auto c = entry.config("    url: 'amqp://relay:s3cr3t-rabbit-pw@mq:5672/'\n    exchange: outbox\n");
   const auto all = outbox::testing::describe_with_sinks(c);
   CHECK(all.dump().find("s3cr3t-rabbit-pw") == std::string::npos);
   const auto j = all["sinks"][0];
@@ -109,42 +93,42 @@ TEST_CASE("rabbitmq config: the password is masked in describe() and in every lo
   CHECK(log::redact("login as relay:s3cr3t-rabbit-pw refused") == "login as relay:***** refused");
 
   // A URL without a password, and one whose password holds '@' and ':' (percent-encoded).
-  CHECK(settings("    url: 'amqp://relay@mq/'\n    exchange: x\n").url_for_logs == "amqp://relay@mq/");
-  const auto odd = settings("    url: 'amqp://u:a%3Ab%40c-secret@mq/'\n    exchange: x\n");
+  CHECK(entry.settings("    url: 'amqp://relay@mq/'\n    exchange: x\n").url_for_logs == "amqp://relay@mq/");
+  const auto odd = entry.settings("    url: 'amqp://u:a%3Ab%40c-secret@mq/'\n    exchange: x\n");
   CHECK(odd.password == "a:b@c-secret");
   CHECK(odd.url_for_logs == "amqp://u:*****@mq/");
   CHECK(log::redact("a:b@c-secret and a%3Ab%40c-secret") == "***** and *****");
 }
 
 TEST_CASE("rabbitmq config: errors name the key and what was expected") {
-  CHECK(error_of("    exchange: x\n") == "sinks[0].url: required, but missing");
-  CHECK(error_of("    url: 'http://h'\n    exchange: x\n").find("sinks[0].url: expected amqp://") == 0);
-  CHECK(error_of("    url: 'amqp://h:notaport'\n    exchange: x\n").find("sinks[0].url: expected amqp://") == 0);
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    tls: {insecure_skip_verify: true}\n") ==
+  CHECK(entry.error_of("    exchange: x\n") == "sinks[0].url: required, but missing");
+  CHECK(entry.error_of("    url: 'http://h'\n    exchange: x\n").find("sinks[0].url: expected amqp://") == 0);
+  CHECK(entry.error_of("    url: 'amqp://h:notaport'\n    exchange: x\n").find("sinks[0].url: expected amqp://") == 0);
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    tls: {insecure_skip_verify: true}\n") ==
         "sinks[0].tls: TLS settings apply to amqps:// urls only");
-  CHECK(error_of("    url: 'amqps://h'\n    exchange: x\n    tls: {ca_file: /nonexistent/ca.pem}\n") ==
+  CHECK(entry.error_of("    url: 'amqps://h'\n    exchange: x\n    tls: {ca_file: /nonexistent/ca.pem}\n") ==
         "sinks[0].tls.ca_file: cannot read /nonexistent/ca.pem");
-  CHECK(error_of("    url: 'amqp://h'\n").find("sinks[0].exchange: required, but missing") == 0);
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: 'a b'\n").find("sinks[0].exchange: unexpected ' '") == 0);
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: 'x.{key}'\n").find("sinks[0].exchange: unexpected '{'") == 0);
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: '" + std::string(256, 'a') + "'\n") ==
+  CHECK(entry.error_of("    url: 'amqp://h'\n").find("sinks[0].exchange: required, but missing") == 0);
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: 'a b'\n").find("sinks[0].exchange: unexpected ' '") == 0);
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: 'x.{key}'\n").find("sinks[0].exchange: unexpected '{'") == 0);
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: '" + std::string(256, 'a') + "'\n") ==
         "sinks[0].exchange: longer than 255 bytes");
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    routing_key: '{name}'\n")
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    routing_key: '{name}'\n")
             .find("sinks[0].routing_key: unexpected '{'") == 0);
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    routing_key: 'a}'\n")
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    routing_key: 'a}'\n")
             .find("sinks[0].routing_key: unexpected '}'") == 0);
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    timeout: 10ms\n") ==
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    timeout: 10ms\n") ==
         "sinks[0].timeout: expected 100ms to 10m, got 10ms");
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    max_in_flight: 0\n").find("sinks[0].max_in_flight:") == 0);
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    max_in_flight: 70000\n").find("sinks[0].max_in_flight:") ==
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    max_in_flight: 0\n").find("sinks[0].max_in_flight:") == 0);
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    max_in_flight: 70000\n").find("sinks[0].max_in_flight:") ==
         0);
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    recovery_grace: 2h\n") ==
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    recovery_grace: 2h\n") ==
         "sinks[0].recovery_grace: expected 0s to 1h, got 2h");
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    recovery_grace: soon\n").find("sinks[0].recovery_grace:") ==
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    recovery_grace: soon\n").find("sinks[0].recovery_grace:") ==
         0);
-  CHECK(error_of("    url: 'amqp://h'\n    exchange: x\n    exchang: y\n").find("sinks[0].exchang: unknown key") == 0);
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    exchang: y\n").find("sinks[0].exchang: unknown key") == 0);
   // The URL (it may carry a password) never appears in an error.
-  CHECK(error_of("    url: 'amqp://u:hidden-pw-9@h:bad'\n    exchange: x\n").find("hidden-pw-9") == std::string::npos);
+  CHECK(entry.error_of("    url: 'amqp://u:hidden-pw-9@h:bad'\n    exchange: x\n").find("hidden-pw-9") == std::string::npos);
 }
 
 TEST_CASE("rabbitmq config: templates") {
@@ -165,7 +149,7 @@ TEST_CASE("rabbitmq config: templates") {
 
 TEST_CASE("rabbitmq config: the registry builds the sink; an unreachable broker is not an error") {
   log::set_level(log::Level::kError);  // the sink warns that nothing listens on port 1
-  const auto c = parse_sink("    url: 'amqp://127.0.0.1:1'\n    exchange: x\n    timeout: 200ms\n");
+  const auto c = entry.config("    url: 'amqp://127.0.0.1:1'\n    exchange: x\n    timeout: 200ms\n");
   const auto prepared = sinks::prepare_sinks(c);
   REQUIRE(prepared.size() == 1);
   CHECK(prepared[0].type == "rabbitmq");

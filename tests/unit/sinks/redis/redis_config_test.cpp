@@ -19,23 +19,7 @@ namespace {
 
 using outbox::testing::env_of;
 
-config::Config parse_sink(const std::string& sink_yaml, const config::EnvLookup& env = env_of({})) {
-  return outbox::testing::parse_with_sinks(
-      "database: {url: 'postgresql://u@h/db'}\nsinks:\n  - name: r\n    type: redis\n" + sink_yaml, env);
-}
-
-sinks::RedisSinkConfig settings(const std::string& sink_yaml, const config::EnvLookup& env = env_of({})) {
-  return outbox::testing::sink_settings(parse_sink(sink_yaml, env), 0, sinks::parse_redis_sink);
-}
-
-std::string error_of(const std::string& sink_yaml) {
-  try {
-    parse_sink(sink_yaml);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+const outbox::testing::OneSink<sinks::RedisSinkConfig> entry{"r", "redis", sinks::parse_redis_sink};
 
 std::string temp_file(const std::string& name, const std::string& text) {
   const auto path = std::filesystem::temp_directory_path() / name;
@@ -46,7 +30,7 @@ std::string temp_file(const std::string& name, const std::string& text) {
 }  // namespace
 
 TEST_CASE("redis config: defaults") {
-  const auto c = settings("    url: redis://127.0.0.1\n");
+  const auto c = entry.settings("    url: redis://127.0.0.1\n");
   CHECK_FALSE(c.tls);
   CHECK(c.host == "127.0.0.1");
   CHECK(c.port == 6379);
@@ -63,7 +47,7 @@ TEST_CASE("redis config: defaults") {
 TEST_CASE("redis config: every key") {
   const auto ca = temp_file("redis-config-test-ca.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
   const auto key = temp_file("redis-config-test-key.pem", "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n");
-  const auto c = settings("    url: 'rediss://relay:${REDIS_PW}@redis.example.com:6380/2'\n"
+  const auto c = entry.settings("    url: 'rediss://relay:${REDIS_PW}@redis.example.com:6380/2'\n"
                           "    stream: 'outbox.{topic}.v1'\n"
                           "    maxlen: 100000\n"
                           "    timeout: 2s\n"
@@ -86,20 +70,20 @@ TEST_CASE("redis config: every key") {
 }
 
 TEST_CASE("redis config: password-only URLs and IPv6 hosts") {
-  const auto colon = settings("    url: 'redis://:only-password-1@h:7000'\n");
+  const auto colon = entry.settings("    url: 'redis://:only-password-1@h:7000'\n");
   CHECK(colon.username.empty());
   CHECK(colon.password == "only-password-1");
   CHECK(colon.port == 7000);
-  const auto bare = settings("    url: 'redis://only-password-2@h'\n");  // as redis-cli and redis-py read it
+  const auto bare = entry.settings("    url: 'redis://only-password-2@h'\n");  // as redis-cli and redis-py read it
   CHECK(bare.username.empty());
   CHECK(bare.password == "only-password-2");
   CHECK(bare.url_for_logs == "redis://:*****@h:6379/0");
-  const auto v6 = settings("    url: 'redis://[::1]:6390/1'\n");
+  const auto v6 = entry.settings("    url: 'redis://[::1]:6390/1'\n");
   CHECK(v6.host == "::1");
   CHECK(v6.port == 6390);
   CHECK(v6.db == 1);
   CHECK(v6.url_for_logs == "redis://[::1]:6390/1");
-  CHECK(settings("    url: 'redis://user-no-password@h'\n").password == "user-no-password");
+  CHECK(entry.settings("    url: 'redis://user-no-password@h'\n").password == "user-no-password");
 }
 
 TEST_CASE("redis config: every error names its key") {
@@ -143,14 +127,14 @@ TEST_CASE("redis config: every error names its key") {
   };
   for (const auto& c : cases) {
     CAPTURE(c.yaml);
-    CHECK(error_of(c.yaml).find(c.expected) != std::string::npos);
+    CHECK(entry.error_of(c.yaml).find(c.expected) != std::string::npos);
   }
 }
 
 TEST_CASE("redis config: an error about the URL never echoes it") {
   for (const char* url : {"'htp://u:hunter2-redis-a@h'", "'redis://u:hunter2-redis-b@h:99999'",
                           "'redis://u:hunter2-redis-c@h/x'", "'redis://u:hunter2-redis-d@h?x=1'"}) {
-    const std::string error = error_of(std::string("    url: ") + url + "\n");
+    const std::string error = entry.error_of(std::string("    url: ") + url + "\n");
     CAPTURE(error);
     CHECK(error.find("sinks[0].url") == 0);
     CHECK(error.find("hunter2") == std::string::npos);
@@ -158,7 +142,7 @@ TEST_CASE("redis config: an error about the URL never echoes it") {
 }
 
 TEST_CASE("redis config: the password is masked in describe() and in every log line") {
-  const auto c = parse_sink("    url: 'redis://relay:s3cr3t-redis-pw@h:6379/3'\n    maxlen: 500\n");
+  const auto c = entry.config("    url: 'redis://relay:s3cr3t-redis-pw@h:6379/3'\n    maxlen: 500\n");
   const auto all = outbox::testing::describe_with_sinks(c);
   CHECK(all.dump().find("s3cr3t-redis-pw") == std::string::npos);
   const auto j = all["sinks"][0];
@@ -170,10 +154,10 @@ TEST_CASE("redis config: the password is masked in describe() and in every log l
   CHECK_FALSE(j.contains("tls"));
   CHECK(log::redact("AUTH relay s3cr3t-redis-pw") == "AUTH relay *****");
   // Percent-encoded in the URL, registered decoded: both forms are masked.
-  parse_sink("    url: 'rediss://:pw%2Fwith%2Fslash-x@h'\n");
+  entry.config("    url: 'rediss://:pw%2Fwith%2Fslash-x@h'\n");
   CHECK(log::redact("pw/with/slash-x and pw%2Fwith%2Fslash-x") == "***** and *****");
 
-  const auto tls = outbox::testing::describe_with_sinks(parse_sink("    url: 'rediss://h'\n"))["sinks"][0];
+  const auto tls = outbox::testing::describe_with_sinks(entry.config("    url: 'rediss://h'\n"))["sinks"][0];
   CHECK(tls["url"] == "rediss://h:6379/0");
   CHECK(tls["tls"]["insecure_skip_verify"] == false);
 }

@@ -21,28 +21,11 @@ namespace {
 
 using outbox::testing::env_of;
 
-std::string config_with(const std::string& sink_body) {
-  return "database: {url: postgresql://x@127.0.0.1/db}\n"
-         "sinks:\n"
-         "  - name: hooks\n"
-         "    type: webhook\n" +
-         sink_body + "routes:\n  - topics: ['*']\n    sinks: [hooks]\n";
-}
+const outbox::testing::OneSink<WebhookSinkConfig> entry{
+    "hooks", "webhook", outbox::sinks::parse_webhook_sink, "routes:\n  - topics: ['*']\n    sinks: [hooks]\n"};
 
 WebhookSinkConfig parse(const std::string& sink_body, std::map<std::string, std::string> vars = {}) {
-  const Config c = outbox::testing::parse_with_sinks(config_with(sink_body), env_of(std::move(vars)));
-  REQUIRE(c.sinks.size() == 1);
-  CHECK(c.sinks[0].type == "webhook");
-  return outbox::testing::sink_settings(c, 0, outbox::sinks::parse_webhook_sink);
-}
-
-std::string error_of(const std::string& sink_body, std::map<std::string, std::string> vars = {}) {
-  try {
-    outbox::testing::parse_with_sinks(config_with(sink_body), env_of(std::move(vars)));
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
+  return entry.settings(sink_body, env_of(std::move(vars)));
 }
 
 // A temporary file that is removed at scope end.
@@ -115,9 +98,7 @@ TEST_CASE("secrets never reach the logs, nor the described config") {
   CHECK(log::redact("Bearer s3cr3t-token-value") == "*****");
 
   // describe() of the whole config carries the webhook entry, masked.
-  const Config whole = parse_config(config_with("    url: https://hooks.example.com/x\n    secrets: [" +
-                                                std::string(kSecretB) + "]\n"),
-                                    env_of({}));
+  const Config whole = entry.config("    url: https://hooks.example.com/x\n    secrets: [" + std::string(kSecretB) + "]\n");
   const std::string all = outbox::testing::describe_with_sinks(whole).dump();
   CHECK(all.find("https://hooks.example.com/x") != std::string::npos);
   CHECK(all.find(kSecretB) == std::string::npos);
@@ -165,19 +146,19 @@ TEST_CASE("bad config names the key") {
   };
   for (const auto& row : table) {
     CAPTURE(row.body);
-    const std::string error = error_of(row.body);
+    const std::string error = entry.error_of(row.body);
     CHECK_MESSAGE(error.find(row.expected) != std::string::npos, error);
   }
 }
 
 TEST_CASE("a ca_file must hold a PEM certificate") {
   TempFile not_pem("hello\n");
-  const std::string error = error_of("    url: https://x/\n    tls: {ca_file: " + not_pem.path.string() + "}\n");
+  const std::string error = entry.error_of("    url: https://x/\n    tls: {ca_file: " + not_pem.path.string() + "}\n");
   CHECK(error.find("sinks[0].tls.ca_file: expected a PEM file with at least one CERTIFICATE") != std::string::npos);
 }
 
 TEST_CASE("an invalid secret is not echoed in the error") {
-  const std::string error = error_of("    url: https://x/\n    secrets: [supersecretvalue123]\n");
+  const std::string error = entry.error_of("    url: https://x/\n    secrets: [supersecretvalue123]\n");
   CHECK(error.find("supersecretvalue123") == std::string::npos);
   CHECK(log::redact(error) == error);
   CHECK(log::redact("supersecretvalue123") == "*****");  // registered before the check failed
