@@ -66,7 +66,7 @@ HttpServer::HttpServer(const std::string& listen, HttpHandlers handlers) : impl_
   im.server.Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
     answer(res, impl_->handlers.readiness(), "ready");
   });
-  im.server.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+  im.server.set_exception_handler([](const httplib::Request& req, httplib::Response& res, const std::exception_ptr& ep) {
     std::string what = "unknown error";
     try {
       std::rethrow_exception(ep);

@@ -102,7 +102,7 @@ void write(Level level, std::string_view msg, nlohmann::json fields) {
   line["level"] = level_name(level);
   line["msg"] = msg;
   if (fields.is_object()) {
-    for (auto& [k, v] : fields.items()) line[k] = std::move(v);
+    for (auto& [k, v] : fields.items()) line[k] = v;  // json into ordered_json: a copy either way
   }
   std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::lock_guard lock(g_mutex);

@@ -266,7 +266,7 @@ struct BacklogProbe::Impl {
   std::unique_ptr<pqxx::connection> conn;
 };
 
-BacklogProbe::BacklogProbe(std::string url, std::string table) : impl_(std::make_unique<Impl>()) {
+BacklogProbe::BacklogProbe(std::string url, const std::string& table) : impl_(std::make_unique<Impl>()) {
   impl_->url = std::move(url);
   impl_->table = table;
   // Count over the pending partial index; the oldest pending row is the lowest pending id
@@ -313,7 +313,7 @@ struct RetentionSweeper::Impl {
   }
 };
 
-RetentionSweeper::RetentionSweeper(std::string url, std::string table, std::size_t batch)
+RetentionSweeper::RetentionSweeper(std::string url, const std::string& table, std::size_t batch)
     : impl_(std::make_unique<Impl>()) {
   impl_->url = std::move(url);
   impl_->table = table;

@@ -131,7 +131,7 @@ class BacklogProbe {
     double notification_queue_usage = 0;
   };
 
-  BacklogProbe(std::string url, std::string table);
+  BacklogProbe(std::string url, const std::string& table);
   ~BacklogProbe();
   BacklogProbe(const BacklogProbe&) = delete;
   BacklogProbe& operator=(const BacklogProbe&) = delete;
@@ -153,7 +153,7 @@ inline constexpr std::size_t kRetentionBatch = 1000;
 
 class RetentionSweeper {
  public:
-  RetentionSweeper(std::string url, std::string table, std::size_t batch = kRetentionBatch);
+  RetentionSweeper(std::string url, const std::string& table, std::size_t batch = kRetentionBatch);
   ~RetentionSweeper();
   RetentionSweeper(const RetentionSweeper&) = delete;
   RetentionSweeper& operator=(const RetentionSweeper&) = delete;

@@ -68,24 +68,24 @@ nlohmann::json describe_tls_files(const TlsFiles& f) {
           {"insecure_skip_verify", f.insecure_skip_verify}};
 }
 
-std::string configure_client_tls(SSL_CTX* ctx, const TlsFiles& t, const std::string& host, std::string* verify_error) {
+std::string configure_client_tls(SSL_CTX* ctx, const TlsFiles& files, const std::string& host, std::string* verify_error) {
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-  if (t.insecure_skip_verify) {
+  if (files.insecure_skip_verify) {
     SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, nullptr);
   } else {
     SSL_CTX_set_app_data(ctx, verify_error);
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, verify_error ? &remember_verify_failure : nullptr);
-    const int ok = t.ca_file.empty() ? SSL_CTX_set_default_verify_paths(ctx)
-                                     : SSL_CTX_load_verify_locations(ctx, t.ca_file.c_str(), nullptr);
+    const int ok = files.ca_file.empty() ? SSL_CTX_set_default_verify_paths(ctx)
+                                     : SSL_CTX_load_verify_locations(ctx, files.ca_file.c_str(), nullptr);
     if (ok != 1) return "TLS: cannot load CA certificates: " + ssl_error_text();
     X509_VERIFY_PARAM* param = SSL_CTX_get0_param(ctx);
     const int named = is_ip_literal(host) ? X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str())
                                           : X509_VERIFY_PARAM_set1_host(param, host.c_str(), 0);
     if (named != 1) return "TLS: cannot set the host name to verify";
   }
-  if (!t.cert_file.empty()) {
-    if (SSL_CTX_use_certificate_chain_file(ctx, t.cert_file.c_str()) != 1 ||
-        SSL_CTX_use_PrivateKey_file(ctx, t.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+  if (!files.cert_file.empty()) {
+    if (SSL_CTX_use_certificate_chain_file(ctx, files.cert_file.c_str()) != 1 ||
+        SSL_CTX_use_PrivateKey_file(ctx, files.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
       return "TLS: cannot load the client certificate or key: " + ssl_error_text();
     }
   }

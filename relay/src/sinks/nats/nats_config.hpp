@@ -55,7 +55,7 @@ std::optional<std::string> check_nats_url(const std::string& url, std::string* u
                                           std::vector<std::string>* secrets = nullptr);
 
 // The template check the parser applies: nullopt when valid, else what is wrong.
-std::optional<std::string> check_subject_template(const std::string& subject_template);
+std::optional<std::string> check_subject_template(const std::string& t);
 
 // The subject for an event: every {topic} replaced by event_topic.
 std::string render_subject(const std::string& subject_template, const std::string& event_topic);

@@ -64,8 +64,8 @@ nlohmann::json describe_rabbitmq_sink(const RabbitmqSinkConfig& config);
 // template may hold {topic} and the characters RabbitMQ allows in exchange names (letters,
 // digits, '-', '_', '.', ':'); a routing key template any text, with {topic} and {key} as the
 // only placeholders.
-std::optional<std::string> check_exchange_template(const std::string& exchange_template);
-std::optional<std::string> check_routing_key_template(const std::string& routing_key_template);
+std::optional<std::string> check_exchange_template(const std::string& t);
+std::optional<std::string> check_routing_key_template(const std::string& t);
 
 // Renders a template for one event: {topic} -> topic, {key} -> key.
 std::string render_rabbitmq_template(const std::string& text, const std::string& topic, const std::string& key);

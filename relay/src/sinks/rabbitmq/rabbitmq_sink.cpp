@@ -35,7 +35,7 @@ using std::chrono::milliseconds;
 
 constexpr milliseconds kKeeperInterval{1000};  // between batches: notice a lost connection, reconnect
 constexpr std::size_t kMaxHeaderKey = 128;     // rabbitmq-c's limit for a table key
-constexpr std::size_t kMaxHeadersBytes = 64 * 1024;  // the content header must fit in one frame
+constexpr std::size_t kMaxHeadersBytes = std::size_t{64} * 1024;  // the content header must fit in one frame
 constexpr std::size_t kMaxRoutesRemembered = 65536;  // routing keys with {key} may be one per aggregate
 
 // What a returned (unroutable) message said.

@@ -48,7 +48,7 @@ nlohmann::json describe_redis_sink(const RedisSinkConfig& config);
 // The template check the parser applies: nullopt when valid, else what is wrong. Any text is a
 // valid Redis key; only braces other than the placeholder {topic} are refused (a typo such as
 // {topc} would otherwise become part of every key).
-std::optional<std::string> check_stream_template(const std::string& stream_template);
+std::optional<std::string> check_stream_template(const std::string& t);
 
 // The stream key for an event topic: every {topic} replaced by event_topic.
 std::string render_stream(const std::string& stream_template, const std::string& event_topic);
