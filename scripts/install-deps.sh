@@ -1,22 +1,40 @@
 #!/usr/bin/env bash
-# Installs everything outbox-relay needs to build and test on Debian bookworm.
-# Used by the README's commands, .ci/run and the Dockerfile. Idempotent.
+# Installs what outbox-relay needs on Debian bookworm, in three profiles:
+#   --runtime-build  building the relay: compiler, cmake, ninja, ccache and the -dev libraries it
+#                    links (the Dockerfile's build stage)
+#   --quickstart     that, plus PostgreSQL 15 and python3 for scripts/pg-cluster.sh's throwaway
+#                    cluster (scripts/quickstart.sh)
+#   (none)           everything the test command needs besides: brokers, buildah, the Python venv,
+#                    the writer examples' toolchains, promtool (scripts/test.sh, .ci/run)
+# Idempotent, and silent when everything is there already.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
-runtime_only=0
-[ "${1:-}" = "--runtime-build" ] && runtime_only=1
+profile=all
+case "${1:-}" in
+  --runtime-build) profile=build ;;
+  --quickstart) profile=quickstart ;;
+  "") ;;
+  *) echo "usage: install-deps.sh [--runtime-build|--quickstart]" >&2; exit 2 ;;
+esac
 
 pkgs=(build-essential cmake ninja-build pkg-config
-      libpqxx-dev libpq-dev librdkafka-dev nlohmann-json3-dev prometheus-cpp-dev doctest-dev
-      libcurl4-openssl-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
+      libpqxx-dev libpq-dev librdkafka-dev nlohmann-json3-dev prometheus-cpp-dev
+      libcurl4-openssl-dev libyaml-cpp-dev libcli11-dev
       libcpp-httplib-dev libssl-dev libhiredis-dev libnats-dev librabbitmq-dev
+      # CMake configures the unit tests too (header-only, 0.1 MB).
+      doctest-dev
       # scripts/build.sh compiles through ccache (cache outside the repo) when it is there: the test
       # command builds three trees (plain, ASan+UBSan, TSan) on every fresh clone, and the
       # Dockerfile's build stage keeps a compiler cache between image builds.
       ccache)
-if [ "$runtime_only" = 0 ]; then
-  pkgs+=(postgresql-15 python3 python3-venv openssl)
+if [ "$profile" != build ]; then
+  # scripts/pg-cluster.sh: initdb/pg_ctl of PostgreSQL 15 (psql comes with it), python3 for a
+  # free port and the password.
+  pkgs+=(postgresql-15 python3)
+fi
+if [ "$profile" = all ]; then
+  pkgs+=(python3-venv openssl)
   # tests/image/check.sh: builds the Dockerfile without a Docker daemon (buildah, chroot isolation)
   # on a debian:bookworm base made by debootstrap, and runs the image in a private network namespace.
   pkgs+=(buildah debootstrap debian-archive-keyring iproute2)
@@ -65,7 +83,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   done
 fi
 
-if [ "$runtime_only" = 0 ]; then
+if [ "$profile" = all ]; then
   # Python tooling for the integration tests, in a venv outside the repo.
   venv="${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}"
   if [ ! -x "$venv/bin/python" ]; then
@@ -74,9 +92,9 @@ if [ "$runtime_only" = 0 ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/tests/integration/requirements.txt"
 fi
 
-if [ "$runtime_only" = 0 ]; then "$here/examples/install.sh" --if-available; fi  # writer examples, see examples/
+if [ "$profile" = all ]; then "$here/examples/install.sh" --if-available; fi  # writer examples, see examples/
 
-if [ "$runtime_only" = 0 ]; then
+if [ "$profile" = all ]; then
   # promtool for tests/ops/check-packaging.sh, unpacked from Debian's prometheus package into a
   # cache dir outside the repo: installing the package would also install and start a server.
   tools="${OUTBOX_TOOLS:-$HOME/.cache/outbox-relay/bin}"

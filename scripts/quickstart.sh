@@ -7,8 +7,10 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 seconds=${QUICKSTART_SECONDS:-10}
 
-scripts/install-deps.sh
-scripts/build.sh
+# Only what this needs: the relay's build dependencies and PostgreSQL 15 (the test command
+# installs the rest), and only the relay's binary (not the unit tests or the bench tool).
+scripts/install-deps.sh --quickstart
+BUILD_TARGETS=outbox-relay scripts/build.sh
 relay=$here/build/bin/outbox-relay
 
 work=$(mktemp -d /tmp/outbox-quickstart.XXXXXX)

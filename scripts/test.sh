@@ -12,6 +12,9 @@ scripts/install-deps.sh
 echo "== every relative link of the Markdown files resolves"
 python3 scripts/check-links.py
 
+echo "== relay/src/core/ headers compile alone and include no third-party header but nlohmann_json"
+python3 scripts/check-core-headers.py
+
 echo "== building (warnings are errors)"
 BUILD_DIR=$here/build scripts/build.sh -DOUTBOX_WERROR=ON
 

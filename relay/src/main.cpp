@@ -14,7 +14,6 @@
 #include "log/log.hpp"
 #include "postgres/admin.hpp"
 #include "postgres/migrations.hpp"
-#include "sinks/registry.hpp"
 #include "version.hpp"
 
 namespace {
@@ -253,7 +252,7 @@ int main(int argc, char** argv) {
   try {
     config = load(o);
     // Every command refuses a config whose sinks are wrong; `run` reads them once, in run_relay.
-    if (!*run) outbox::sinks::prepare_sinks(config);
+    if (!*run) outbox::app::prepare_sinks(config);
     if (*run && config.sinks.empty()) throw outbox::config::ConfigError("sinks: expected at least one sink");
   } catch (const outbox::config::ConfigError& e) {
     std::fprintf(stderr, "outbox-relay: config error: %s\n", outbox::log::redact(e.what()).c_str());

@@ -16,6 +16,7 @@
 #include "core/loop.hpp"
 #include "core/runner.hpp"
 #include "log/log.hpp"
+#include "postgres/conninfo.hpp"
 #include "postgres/listener.hpp"
 #include "postgres/pg_store.hpp"
 #include "postgres/pooler.hpp"
@@ -47,6 +48,15 @@ std::string database_password(const std::string& url) {
   return {};
 }
 
+std::string default_cloudevents_source(const std::string& database_url, const std::string& table) {
+  const std::string database = pg::url_database(database_url);
+  return "outbox-relay/" + (database.empty() ? std::string() : database + "/") + table;
+}
+
+std::vector<sinks::PreparedSink> prepare_sinks(const config::Config& config) {
+  return sinks::prepare_sinks(config, default_cloudevents_source(config.database.url, config.database.table));
+}
+
 void register_secrets(const config::Config& config) {
   log::add_secret(database_password(config.database.url));
   if (const char* env = std::getenv("PGPASSWORD")) log::add_secret(env);
@@ -61,7 +71,7 @@ int run_relay(const config::Config& config) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  const auto prepared = sinks::prepare_sinks(config);  // ConfigError naming the key: exit 2
+  const auto prepared = prepare_sinks(config);  // ConfigError naming the key: exit 2
   const std::string instance_id = config.relay.instance_id.empty() ? default_instance_id() : config.relay.instance_id;
   auto described = config::describe(config);
   described["sinks"] = sinks::describe(prepared);

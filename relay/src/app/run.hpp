@@ -1,5 +1,9 @@
 #pragma once
+#include <string>
+#include <vector>
+
 #include "config/config.hpp"
+#include "sinks/registry.hpp"
 
 namespace outbox::app {
 
@@ -14,5 +18,12 @@ void register_secrets(const config::Config& config);
 
 // The password part of a libpq URL or key=value connection string; empty if none.
 std::string database_password(const std::string& url);
+
+// CloudEvents' default `source`: outbox-relay/<database>/<table> (the database from the URL).
+std::string default_cloudevents_source(const std::string& database_url, const std::string& table);
+
+// The config's sinks, read by the registry with the default CloudEvents source of its database.
+// Throws config::ConfigError naming the key.
+std::vector<sinks::PreparedSink> prepare_sinks(const config::Config& config);
 
 }  // namespace outbox::app

@@ -6,6 +6,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <yaml-cpp/yaml.h>
 
 #include "config/duration.hpp"
 
@@ -162,7 +163,7 @@ Config parse_config(const std::string& yaml_text, const EnvLookup& env,
   } catch (const YAML::Exception& e) {
     throw ConfigError(std::string("config: not valid YAML: ") + e.what());
   }
-  Section top(root, "", env);
+  Section top(std::make_shared<YAML::Node>(root), "", env);
   Config c;
   if (auto s = top.section("database")) c.database = parse_database(*s);
   if (auto s = top.section("relay")) c.relay = parse_relay(*s);

@@ -80,7 +80,7 @@ struct HttpConfig {
 struct SinkConfig {
   std::string name;
   std::string type;      // as written, not checked here
-  YAML::Node section;    // the whole entry
+  YamlNode section;      // the whole entry
   std::string path;      // its key path for errors: sinks[N]
   EnvLookup env;         // for ${...} in its values
 };

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <yaml-cpp/yaml.h>
 
 #include "config/duration.hpp"
 
@@ -67,9 +68,9 @@ std::string interpolate(const std::string& text, const std::string& key, const E
   return out;
 }
 
-Section::Section(YAML::Node node, std::string path, const EnvLookup& env)
-    : node_(std::move(node)), path_(std::move(path)), env_(env) {
-  if (node_ && !node_.IsNull() && !node_.IsMap()) {
+Section::Section(YamlNode node, std::string path, const EnvLookup& env)
+    : node_(node ? std::move(node) : std::make_shared<YAML::Node>()), path_(std::move(path)), env_(env) {
+  if (*node_ && !node_->IsNull() && !node_->IsMap()) {
     throw ConfigError((path_.empty() ? std::string("config") : path_) + ": expected a mapping of keys");
   }
 }
@@ -78,19 +79,9 @@ std::string Section::key_path(const std::string& key) const {
   return path_.empty() ? key : path_ + "." + key;
 }
 
-bool Section::has(const std::string& key) const { return node_ && node_.IsMap() && node_[key]; }
-
-std::optional<YAML::Node> Section::scalar(const std::string& key) {
-  seen_.insert(key);
-  if (!has(key)) return std::nullopt;
-  YAML::Node value = node_[key];
-  if (value.IsNull()) return std::nullopt;
-  if (!value.IsScalar()) throw ConfigError(key_path(key) + ": expected a single value");
-  return value;
-}
-
-std::string Section::text(const YAML::Node& node, const std::string& key_path_text) const {
-  return interpolate(node.Scalar(), key_path_text, env_);
+bool Section::has(const std::string& key) const {
+  const YAML::Node& node = *node_;
+  return node && node.IsMap() && node[key];
 }
 
 std::string Section::required_string(const std::string& key) {
@@ -105,9 +96,12 @@ std::string Section::string_or(const std::string& key, std::string fallback) {
 }
 
 std::optional<std::string> Section::optional_string(const std::string& key) {
-  auto value = scalar(key);
-  if (!value) return std::nullopt;
-  return text(*value, key_path(key));
+  seen_.insert(key);
+  if (!has(key)) return std::nullopt;
+  YAML::Node value = (*node_)[key];
+  if (value.IsNull()) return std::nullopt;
+  if (!value.IsScalar()) throw ConfigError(key_path(key) + ": expected a single value");
+  return interpolate(value.Scalar(), key_path(key), env_);
 }
 
 long long Section::integer_or(const std::string& key, long long fallback, long long min, long long max) {
@@ -159,13 +153,13 @@ std::string Section::choice_or(const std::string& key, std::string fallback,
 std::vector<std::string> Section::string_list(const std::string& key) {
   seen_.insert(key);
   std::vector<std::string> out;
-  if (!has(key) || node_[key].IsNull()) return out;
-  YAML::Node list = node_[key];
+  if (!has(key) || (*node_)[key].IsNull()) return out;
+  YAML::Node list = (*node_)[key];
   if (!list.IsSequence()) throw ConfigError(key_path(key) + ": expected a list of strings");
   for (std::size_t i = 0; i < list.size(); ++i) {
     const std::string item_path = key_path(key) + "[" + std::to_string(i) + "]";
     if (!list[i].IsScalar()) throw ConfigError(item_path + ": expected a string");
-    out.push_back(text(list[i], item_path));
+    out.push_back(interpolate(list[i].Scalar(), item_path, env_));
   }
   return out;
 }
@@ -173,39 +167,40 @@ std::vector<std::string> Section::string_list(const std::string& key) {
 std::map<std::string, std::string> Section::string_map(const std::string& key) {
   seen_.insert(key);
   std::map<std::string, std::string> out;
-  if (!has(key) || node_[key].IsNull()) return out;
-  YAML::Node map = node_[key];
+  if (!has(key) || (*node_)[key].IsNull()) return out;
+  YAML::Node map = (*node_)[key];
   if (!map.IsMap()) throw ConfigError(key_path(key) + ": expected a mapping of strings");
   for (const auto& item : map) {
     const std::string name = item.first.as<std::string>();
     const std::string item_path = key_path(key) + "." + name;
     if (!item.second.IsScalar()) throw ConfigError(item_path + ": expected a string");
-    out[name] = text(item.second, item_path);
+    out[name] = interpolate(item.second.Scalar(), item_path, env_);
   }
   return out;
 }
 
 std::optional<Section> Section::section(const std::string& key) {
   seen_.insert(key);
-  if (!has(key) || node_[key].IsNull()) return std::nullopt;
-  return Section(node_[key], key_path(key), env_);
+  if (!has(key) || (*node_)[key].IsNull()) return std::nullopt;
+  return Section(std::make_shared<YAML::Node>((*node_)[key]), key_path(key), env_);
 }
 
 std::vector<Section> Section::section_list(const std::string& key) {
   seen_.insert(key);
   std::vector<Section> out;
-  if (!has(key) || node_[key].IsNull()) return out;
-  YAML::Node list = node_[key];
+  if (!has(key) || (*node_)[key].IsNull()) return out;
+  YAML::Node list = (*node_)[key];
   if (!list.IsSequence()) throw ConfigError(key_path(key) + ": expected a list");
   for (std::size_t i = 0; i < list.size(); ++i) {
-    out.emplace_back(list[i], key_path(key) + "[" + std::to_string(i) + "]", env_);
+    out.emplace_back(std::make_shared<YAML::Node>(list[i]), key_path(key) + "[" + std::to_string(i) + "]", env_);
   }
   return out;
 }
 
 void Section::finish() const {
-  if (!node_ || !node_.IsMap()) return;
-  for (const auto& item : node_) {
+  const YAML::Node& node = *node_;
+  if (!node || !node.IsMap()) return;
+  for (const auto& item : node) {
     const std::string key = item.first.as<std::string>();
     if (!seen_.count(key)) {
       std::vector<std::string> known(seen_.begin(), seen_.end());

@@ -1,18 +1,25 @@
 #pragma once
 // Typed, strict reading of one YAML mapping: every value is ${ENV}-interpolated, every error
 // names the full key path and what was expected, and finish() rejects keys nobody read.
-#include <yaml-cpp/yaml.h>
-
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+// yaml-cpp is a private dependency of config/: outside it a YAML mapping is an opaque handle.
+namespace YAML {
+class Node;
+}  // namespace YAML
+
 namespace outbox::config {
+
+// One YAML mapping as written (config.cpp parses it; section.cpp reads it).
+using YamlNode = std::shared_ptr<YAML::Node>;
 
 // Bad configuration: the message names the key. The CLI prints it and exits 2.
 class ConfigError : public std::runtime_error {
@@ -30,10 +37,10 @@ std::string interpolate(const std::string& text, const std::string& key, const E
 
 class Section {
  public:
-  Section(YAML::Node node, std::string path, const EnvLookup& env);
+  Section(YamlNode node, std::string path, const EnvLookup& env);
 
   const std::string& path() const { return path_; }
-  const YAML::Node& node() const { return node_; }
+  const YamlNode& node() const { return node_; }
   bool has(const std::string& key) const;
 
   std::string required_string(const std::string& key);
@@ -56,10 +63,7 @@ class Section {
   std::string key_path(const std::string& key) const;
 
  private:
-  std::optional<YAML::Node> scalar(const std::string& key);  // nullopt: absent or null
-  std::string text(const YAML::Node& node, const std::string& key_path) const;
-
-  YAML::Node node_;
+  YamlNode node_;  // never null
   std::string path_;
   const EnvLookup& env_;
   std::set<std::string> seen_;

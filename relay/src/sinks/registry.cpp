@@ -1,7 +1,5 @@
 #include "sinks/registry.hpp"
 
-#include <libpq-fe.h>
-
 #include <memory>
 
 namespace outbox::sinks {
@@ -35,7 +33,7 @@ std::vector<std::string> sink_type_names() {
   return names;
 }
 
-std::vector<PreparedSink> prepare_sinks(const config::Config& config) {
+std::vector<PreparedSink> prepare_sinks(const config::Config& config, const std::string& default_cloudevents_source) {
   std::vector<PreparedSink> prepared;
   for (const auto& entry : config.sinks) {
     config::Section section(entry.section, entry.path, entry.env);
@@ -50,8 +48,7 @@ std::vector<PreparedSink> prepare_sinks(const config::Config& config) {
     if (section.choice_or("format", "json", {"json", "cloudevents"}) == "cloudevents") {
       envelope.format = EnvelopeFormat::kCloudEvents;
     }
-    envelope.source = section.string_or("cloudevents_source",
-                                        default_cloudevents_source(config.database.url, config.database.table));
+    envelope.source = section.string_or("cloudevents_source", default_cloudevents_source);
     if (envelope.source.empty()) {
       throw config::ConfigError(section.key_path("cloudevents_source") + ": must not be empty");
     }
@@ -61,22 +58,6 @@ std::vector<PreparedSink> prepare_sinks(const config::Config& config) {
     section.finish();
   }
   return prepared;
-}
-
-std::string default_cloudevents_source(const std::string& database_url, const std::string& table) {
-  std::string database;
-  char* error = nullptr;
-  std::unique_ptr<PQconninfoOption, decltype(&PQconninfoFree)> options(PQconninfoParse(database_url.c_str(), &error),
-                                                                      &PQconninfoFree);
-  if (error) PQfreemem(error);
-  std::string user;
-  for (auto* o = options.get(); o && o->keyword; ++o) {
-    if (!o->val) continue;
-    if (std::string_view(o->keyword) == "dbname") database = o->val;
-    if (std::string_view(o->keyword) == "user") user = o->val;
-  }
-  if (database.empty()) database = user;  // libpq's own default
-  return "outbox-relay/" + (database.empty() ? std::string() : database + "/") + table;
 }
 
 nlohmann::json describe(const std::vector<PreparedSink>& sinks) {

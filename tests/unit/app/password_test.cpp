@@ -20,3 +20,12 @@ TEST_CASE("registered secrets are masked in raw, percent-encoded and JSON-escape
   CHECK(outbox::log::redact("url postgresql://u:p%40ss%22word@h/db") == "url postgresql://u:*****@h/db");
   CHECK(outbox::log::redact(R"({"e":"p@ss\"word"})") == R"({"e":"*****"})");
 }
+
+TEST_CASE("the default CloudEvents source names the database of the URL, else its user") {
+  using outbox::app::default_cloudevents_source;
+  CHECK(default_cloudevents_source("postgresql://relay@db/app", "outbox_events") == "outbox-relay/app/outbox_events");
+  CHECK(default_cloudevents_source("host=db user=relay dbname=shop", "app.events") == "outbox-relay/shop/app.events");
+  CHECK(default_cloudevents_source("postgresql://relay@db", "outbox_events") == "outbox-relay/relay/outbox_events");
+  CHECK(default_cloudevents_source("postgresql://db", "outbox_events") == "outbox-relay/outbox_events");
+  CHECK(default_cloudevents_source("not a url", "outbox_events") == "outbox-relay/outbox_events");
+}

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "app/run.hpp"
 #include "sinks/registry.hpp"
 #include "support/env.hpp"
 
@@ -17,7 +18,7 @@ TEST_CASE("the registry knows every sink type and builds each entry with its own
       "  - {name: out, type: stdout}\n"
       "  - {name: audit, type: file, path: '" + (dir / "registry-test.jsonl").string() + "', fsync: false}\n",
       testing::env_of({}));
-  const auto prepared = sinks::prepare_sinks(c);
+  const auto prepared = app::prepare_sinks(c);
   REQUIRE(prepared.size() == 2);
   CHECK(prepared[1].type == "file");
   const auto described = sinks::describe(prepared);
@@ -35,7 +36,7 @@ TEST_CASE("config/ keeps a sink entry as written; the registry names the key it 
                                       testing::env_of({}));
   CHECK(c.sinks.at(0).type == "pigeon");
   CHECK(c.sinks.at(0).path == "sinks[0]");
-  CHECK_THROWS_WITH_AS(sinks::prepare_sinks(c),
+  CHECK_THROWS_WITH_AS(app::prepare_sinks(c),
                        doctest::Contains("sinks[0].type: unsupported value 'pigeon', expected one of: stdout, file, webhook, kafka, redis, nats, rabbitmq"),
                        config::ConfigError);
 }

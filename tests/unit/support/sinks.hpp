@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <string>
 
+#include "app/run.hpp"
 #include "config/config.hpp"
 #include "sinks/registry.hpp"
 #include "support/env.hpp"
@@ -13,7 +14,7 @@ namespace outbox::testing {
 // parse_config, then every sink entry through its type's row. Throws config::ConfigError.
 inline config::Config parse_with_sinks(const std::string& yaml, const config::EnvLookup& env) {
   auto c = config::parse_config(yaml, env);
-  sinks::prepare_sinks(c);
+  app::prepare_sinks(c);
   return c;
 }
 
@@ -32,7 +33,7 @@ Settings sink_settings(const config::Config& c, std::size_t i, Settings (*parse)
 // The start-up log's view of the whole config, sinks included.
 inline nlohmann::json describe_with_sinks(const config::Config& c) {
   auto described = config::describe(c);
-  described["sinks"] = sinks::describe(sinks::prepare_sinks(c));
+  described["sinks"] = sinks::describe(app::prepare_sinks(c));
   return described;
 }
 

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/run.hpp"
 #include "config/config.hpp"
 #include "log/log.hpp"
 #include "sinks/registry.hpp"
@@ -115,14 +116,14 @@ TEST_CASE("kafka config: the registry builds the sink; a producer librdkafka rej
           doctest::test_suite("librdkafka")) {
   log::set_level(log::Level::kError);  // the producer warns that nothing listens on port 1
   const auto good = entry.config("    brokers: '127.0.0.1:1'\n");
-  auto sink = sinks::prepare_sinks(good).at(0).spec->make("k");
+  auto sink = app::prepare_sinks(good).at(0).spec->make("k");
   CHECK(sink->name() == "k");
   CHECK_FALSE(sink->usable());  // nothing listens on port 1
 
   // acks=1 passes the property check alone, but the idempotent producer refuses it.
   const auto bad = entry.config("    brokers: '127.0.0.1:1'\n    properties: {acks: '1'}\n");
   try {
-    sinks::prepare_sinks(bad).at(0).spec->make("k");
+    app::prepare_sinks(bad).at(0).spec->make("k");
     FAIL("expected a ConfigError");
   } catch (const ConfigError& e) {
     CHECK(std::string(e.what()).find("sinks[0]: cannot create the Kafka producer:") == 0);

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/run.hpp"
 #include "config/config.hpp"
 #include "log/log.hpp"
 #include "sinks/nats/nats_config.hpp"
@@ -135,7 +136,7 @@ TEST_CASE("nats config: subjects and headers") {
 TEST_CASE("nats config: the registry builds the sink; it connects in the background") {
   log::set_level(log::Level::kError);  // the sink warns that nothing listens on port 1
   const auto good = entry.config("    url: 'nats://127.0.0.1:1'\n    timeout: 200ms\n");
-  auto sink = sinks::prepare_sinks(good).at(0).spec->make("n");
+  auto sink = app::prepare_sinks(good).at(0).spec->make("n");
   CHECK(sink->name() == "n");
   CHECK_FALSE(sink->usable());  // nothing listens on port 1
   // Without a connection every event retries at once (no wait for the timeout).

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/run.hpp"
 #include "config/config.hpp"
 #include "log/log.hpp"
 #include "sinks/rabbitmq/rabbitmq_config.hpp"
@@ -150,7 +151,7 @@ TEST_CASE("rabbitmq config: templates") {
 TEST_CASE("rabbitmq config: the registry builds the sink; an unreachable broker is not an error") {
   log::set_level(log::Level::kError);  // the sink warns that nothing listens on port 1
   const auto c = entry.config("    url: 'amqp://127.0.0.1:1'\n    exchange: x\n    timeout: 200ms\n");
-  const auto prepared = sinks::prepare_sinks(c);
+  const auto prepared = app::prepare_sinks(c);
   REQUIRE(prepared.size() == 1);
   CHECK(prepared[0].type == "rabbitmq");
   auto sink = prepared[0].spec->make("r");
