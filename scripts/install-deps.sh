@@ -5,7 +5,8 @@
 #   --quickstart     that, plus PostgreSQL 15 and python3 for scripts/pg-cluster.sh's throwaway
 #                    cluster (scripts/quickstart.sh)
 #   (none)           everything the test command needs besides: brokers, buildah, the Python venv,
-#                    the writer examples' toolchains, promtool (scripts/test.sh, .ci/run)
+#                    the writer examples' toolchains, promtool, clang-format and clang-tidy
+#                    (scripts/test.sh, .ci/run)
 # Idempotent, and silent when everything is there already.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,6 +36,8 @@ if [ "$profile" != build ]; then
 fi
 if [ "$profile" = all ]; then
   pkgs+=(python3-venv openssl)
+  # scripts/check-style.sh: the formatting and the static checks (.clang-format, .clang-tidy).
+  pkgs+=(clang-format clang-tidy)
   # tests/image/check.sh: builds the Dockerfile without a Docker daemon (buildah, chroot isolation)
   # on a debian:bookworm base made by debootstrap, and runs the image in a private network namespace.
   pkgs+=(buildah debootstrap debian-archive-keyring iproute2)

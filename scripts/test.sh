@@ -15,8 +15,14 @@ python3 scripts/check-links.py
 echo "== relay/src/core/ headers compile alone and include no third-party header but nlohmann_json"
 python3 scripts/check-core-headers.py
 
+echo "== style: clang-format, 120 columns, final newlines, no trailing blanks"
+scripts/check-style.sh format
+
 echo "== building (warnings are errors)"
 BUILD_DIR=$here/build scripts/build.sh -DOUTBOX_WERROR=ON
+
+echo "== clang-tidy over the relay/src files the last commit changed (all of them: ~10 min)"
+scripts/check-style.sh tidy build
 
 echo "== unit tests"
 build/bin/unit_tests
