@@ -9,8 +9,8 @@
 #include <regex>
 #include <thread>
 
-#include "app/options.hpp"
 #include "app/ops.hpp"
+#include "app/options.hpp"
 #include "core/bell.hpp"
 #include "core/health.hpp"
 #include "core/loop.hpp"
@@ -119,8 +119,8 @@ int run_relay(const config::Config& config) {
   } catch (const StoreUnavailable&) {
   }
 
-  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics,
-                        config.database.reconnect, clock, watch_options(config));
+  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, config.database.reconnect,
+                        clock, watch_options(config));
   ops.start([&store] { return store.lanes_owned(); });
   listener.start();
   std::promise<void> finished;
@@ -135,9 +135,9 @@ int run_relay(const config::Config& config) {
   while (!bell.stopped()) {
     const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
     if (sig == SIGTERM || sig == SIGINT) {
-      log::info("stop signal received, finishing the batch in flight",
-                {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
-                 {"timeout_ms", config.relay.shutdown_timeout.count()}});
+      log::info(
+          "stop signal received, finishing the batch in flight",
+          {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}, {"timeout_ms", config.relay.shutdown_timeout.count()}});
       bell.stop();
     }
   }
@@ -159,7 +159,8 @@ int run_relay(const config::Config& config) {
   }
   loop_thread.join();
   for (Sink* s : sinks) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     s->flush(std::max(left, std::chrono::milliseconds{100}));
   }
   store.release_leases();

@@ -40,8 +40,8 @@ struct WatchOptions {
 class Listener {
  public:
   // Everything is borrowed and must outlive the listener; the clock is read on its thread.
-  Listener(std::string url, std::string channel, Bell& bell, Health& health, Metrics& metrics,
-           BackoffPolicy reconnect, const Clock& clock, WatchOptions watch);
+  Listener(std::string url, std::string channel, Bell& bell, Health& health, Metrics& metrics, BackoffPolicy reconnect,
+           const Clock& clock, WatchOptions watch);
   ~Listener();  // joins; the thread ends once the bell is stopped
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;

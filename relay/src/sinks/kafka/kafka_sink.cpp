@@ -24,10 +24,10 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr std::size_t kMaxTopicHandles = 1024;    // bounds the cache if event topics are unbounded
-constexpr milliseconds kIdlePollInterval{200};    // between batches: serve stats and errors
-constexpr milliseconds kQueueFullPoll{50};        // queue full: serve reports, then produce again
-constexpr milliseconds kRecreateInterval{1000};   // a failed producer re-creation is retried this often
+constexpr std::size_t kMaxTopicHandles = 1024;   // bounds the cache if event topics are unbounded
+constexpr milliseconds kIdlePollInterval{200};   // between batches: serve stats and errors
+constexpr milliseconds kQueueFullPoll{50};       // queue full: serve reports, then produce again
+constexpr milliseconds kRecreateInterval{1000};  // a failed producer re-creation is retried this often
 
 void purge_and_destroy(rd_kafka_t* rk) {
   // Whatever is still queued belongs to a batch that was already reported (kRetry): it must not
@@ -425,8 +425,8 @@ struct KafkaSink::Impl {
       outcomes.assign(n, Outcome::retry("fatal Kafka producer error, batch retried: " + fatal_reason));
       replace_reason = "fatal error: " + fatal_reason;
     } else {
-      const std::string late = "no delivery report within delivery_timeout " +
-                               config::format_duration(config.delivery_timeout);
+      const std::string late =
+          "no delivery report within delivery_timeout " + config::format_duration(config.delivery_timeout);
       for (auto& result : results) outcomes.push_back(result ? std::move(*result) : Outcome::retry(late));
       if (awaiting > 0) {
         replace_reason = std::to_string(awaiting) + " of " + std::to_string(n) +
@@ -448,9 +448,10 @@ struct KafkaSink::Impl {
     std::lock_guard lock(mutex);
     if (!producer) return;
     if (rd_kafka_flush(producer->rk.get(), clamp_ms(timeout)) != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      log::warn("kafka flush timed out; messages still queued are dropped (their events were already "
-                "reported for retry)",
-                {{"sink", name}, {"queued", rd_kafka_outq_len(producer->rk.get())}});
+      log::warn(
+          "kafka flush timed out; messages still queued are dropped (their events were already "
+          "reported for retry)",
+          {{"sink", name}, {"queued", rd_kafka_outq_len(producer->rk.get())}});
     }
   }
 };

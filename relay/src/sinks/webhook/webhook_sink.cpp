@@ -17,8 +17,8 @@
 #include "sinks/common/batch_log.hpp"
 #include "sinks/common/c_handle.hpp"
 #include "sinks/webhook/dispatch.hpp"
-#include "sinks/webhook/webhook_outcomes.hpp"
 #include "sinks/webhook/signature.hpp"
+#include "sinks/webhook/webhook_outcomes.hpp"
 #include "version.hpp"
 
 namespace outbox::sinks {
@@ -81,12 +81,12 @@ namespace webhook {
 // Slots never move (held by unique_ptr) because curl keeps pointers to them.
 struct Transfer {
   EasyPtr easy;
-  SlistPtr headers;                      // the current request's header list; curl borrows it
-  std::string body;                      // the first kMaxBodyExcerpt bytes of the response
-  std::string retry_after;               // Retry-After of the final response, if any
+  SlistPtr headers;         // the current request's header list; curl borrows it
+  std::string body;         // the first kMaxBodyExcerpt bytes of the response
+  std::string retry_after;  // Retry-After of the final response, if any
   std::array<char, CURL_ERROR_SIZE> error{};
-  std::size_t index = 0;                 // the event's index in the batch
-  bool attached = false;                 // added to the multi handle
+  std::size_t index = 0;  // the event's index in the batch
+  bool attached = false;  // added to the multi handle
 
   static std::size_t on_body(char* data, std::size_t size, std::size_t count, void* self) {
     auto* t = static_cast<Transfer*>(self);
@@ -333,11 +333,13 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
 
       if (result == CURLE_OK) {
         usable_ = true;
-        record(t.index, webhook::classify_response(
-                            status, t.body, webhook::parse_retry_after(t.retry_after, std::chrono::system_clock::now())));
+        record(t.index,
+               webhook::classify_response(status, t.body,
+                                          webhook::parse_retry_after(t.retry_after, std::chrono::system_clock::now())));
       } else {
         usable_ = false;
-        record(t.index, webhook::transfer_error_outcome(result, t.error[0] ? t.error.data() : curl_easy_strerror(result)));
+        record(t.index,
+               webhook::transfer_error_outcome(result, t.error[0] ? t.error.data() : curl_easy_strerror(result)));
       }
       idle.push_back(&t);
       --running;
@@ -357,10 +359,9 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
   }
 
   for (const auto& unsent : plan.unsent()) {
-    results[unsent.index] = unsent.blocked
-                                ? Outcome::deferred()
-                                : Outcome{OutcomeKind::kDeferred, "not sent: the batch reached the sink timeout",
-                                          std::nullopt};
+    results[unsent.index] =
+        unsent.blocked ? Outcome::deferred()
+                       : Outcome{OutcomeKind::kDeferred, "not sent: the batch reached the sink timeout", std::nullopt};
   }
   std::vector<Outcome> outcomes;
   outcomes.reserve(events.size());
