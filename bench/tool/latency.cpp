@@ -180,7 +180,8 @@ int latency(const LatencyOptions& o) {
       if (rows.size() == keys.size()) {
         std::unordered_map<long long, std::int64_t> at;
         for (const auto& r : rows) at[r[0].as<long long>()] = r[1].as<std::int64_t>();
-        for (std::size_t i = 0; i < keys.size(); ++i) acked.push_back((at[keys[i]] - committed_wall_us[i]) / 1000.0);
+        for (std::size_t i = 0; i < keys.size(); ++i)
+          acked.push_back(static_cast<double>(at[keys[i]] - committed_wall_us[i]) / 1000.0);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds{10});

@@ -460,7 +460,8 @@ std::vector<long long> poll_gaps_at(double per_second) {
     if (polls[i - 1] >= 1'000) gaps.push_back(polls[i] - polls[i - 1]);
   }
   REQUIRE(gaps.size() > 50);
-  CHECK(f.store.streamed == static_cast<EventId>(per_second * ms_of(f.store.probes.back()) / 1000));
+  CHECK(f.store.streamed ==
+        static_cast<EventId>(per_second * static_cast<double>(ms_of(f.store.probes.back())) / 1000));
   return gaps;
 }
 
