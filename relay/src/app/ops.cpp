@@ -35,6 +35,7 @@ void log_db_error(const char* msg, const DbError& e, nlohmann::json fields) {
 
 std::vector<std::string> sink_names(const std::vector<Sink*>& sinks) {
   std::vector<std::string> names;
+  names.reserve(sinks.size());
   for (const Sink* s : sinks) names.push_back(s->name());
   return names;
 }

@@ -22,6 +22,8 @@
 #include "core/clock.hpp"
 #include "core/health.hpp"
 #include "core/metrics.hpp"
+#include "core/reconnect.hpp"
+#include "postgres/idle_watch.hpp"
 
 namespace pqxx {
 class connection_base;
@@ -58,6 +60,7 @@ class Listener {
 
  private:
   void run();
+  void session(Reconnect& reconnect, const WatchStatement& statement);
 
   std::string url_;
   std::string channel_;

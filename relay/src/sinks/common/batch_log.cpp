@@ -20,7 +20,7 @@ BatchSummary BatchSummary::of(std::span<const Outcome> outcomes) {
 }
 
 bool log_batch(std::string_view type, const std::string& sink, std::span<const Outcome> outcomes,
-               nlohmann::json extra) {
+               const nlohmann::json& extra) {
   const BatchSummary s = BatchSummary::of(outcomes);
   if (!s.first_failure) return false;
   nlohmann::json fields = {{"sink", sink},           {"delivered", s.delivered},

@@ -266,6 +266,31 @@ WebhookSink::WebhookSink(std::string name, WebhookSinkConfig config) : name_(std
 
 WebhookSink::~WebhookSink() = default;
 
+namespace {
+
+// The batch's line in the log: at warn with the first error when a request failed, else at debug.
+void log_webhook_batch(const std::string& name, const std::vector<Outcome>& outcomes, long new_connections,
+                       Steady::time_point started) {
+  const BatchSummary summary = BatchSummary::of(outcomes);
+  const auto elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - started).count();
+  nlohmann::json fields{{"sink", name},
+                        {"events", outcomes.size()},
+                        {"delivered", summary.delivered},
+                        {"retry", summary.retry},
+                        {"permanent", summary.permanent},
+                        {"deferred", summary.deferred},
+                        {"new_connections", new_connections},
+                        {"ms", elapsed_ms}};
+  if (summary.first_failure) {
+    fields["first_error"] = summary.first_failure->reason;
+    log::warn("webhook requests failed", std::move(fields));
+  } else {
+    log::debug("webhook batch sent", std::move(fields));
+  }
+}
+
+}  // namespace
+
 std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) {
   Impl& im = *impl_;
   struct Detach {  // whatever happens, no handle stays attached to the multi handle after a batch
@@ -369,22 +394,7 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
     if (!r) r = Outcome::retry("internal error: the webhook sink lost track of this event");
     outcomes.push_back(std::move(*r));
   }
-  const BatchSummary summary = BatchSummary::of(outcomes);
-  const auto elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - started).count();
-  nlohmann::json fields{{"sink", name_},
-                        {"events", events.size()},
-                        {"delivered", summary.delivered},
-                        {"retry", summary.retry},
-                        {"permanent", summary.permanent},
-                        {"deferred", summary.deferred},
-                        {"new_connections", new_connections},
-                        {"ms", elapsed_ms}};
-  if (summary.first_failure) {
-    fields["first_error"] = summary.first_failure->reason;
-    log::warn("webhook requests failed", std::move(fields));
-  } else {
-    log::debug("webhook batch sent", std::move(fields));
-  }
+  log_webhook_batch(name_, outcomes, new_connections, started);
   return outcomes;
 }
 
