@@ -1,9 +1,9 @@
 #include "child.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 
 #include <cstring>
 #include <stdexcept>

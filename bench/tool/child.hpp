@@ -11,7 +11,7 @@
 namespace bench {
 
 struct ChildExit {
-  int code = -1;          // exit code, or -signal when killed by a signal
+  int code = -1;           // exit code, or -signal when killed by a signal
   double cpu_seconds = 0;  // user + system time of the child, from wait4
 };
 

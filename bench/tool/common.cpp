@@ -23,15 +23,21 @@ const char* kPayloadExpr =
 
 std::string relay_seed_sql(long long count) {
   return "INSERT INTO outbox_events (topic, aggregate_id, payload) "
-         "SELECT 'order.paid', 'order-' || (g % 10000), jsonb_build_object(" + std::string(kPayloadExpr) + ") "
-         "FROM generate_series(1, " + std::to_string(count) + ") AS g";
+         "SELECT 'order.paid', 'order-' || (g % 10000), jsonb_build_object(" +
+         std::string(kPayloadExpr) +
+         ") "
+         "FROM generate_series(1, " +
+         std::to_string(count) + ") AS g";
 }
 
 std::string peer_seed_sql(long long count) {
   return "SELECT count(*) FROM graphile_worker.add_jobs(("
-         "  SELECT array_agg(ROW('noop', json_build_object(" + std::string(kPayloadExpr) + "), "
+         "  SELECT array_agg(ROW('noop', json_build_object(" +
+         std::string(kPayloadExpr) +
+         "), "
          "                       NULL, NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec ORDER BY g) "
-         "  FROM generate_series(1, " + std::to_string(count) + ") AS g))";
+         "  FROM generate_series(1, " +
+         std::to_string(count) + ") AS g))";
 }
 
 }  // namespace bench

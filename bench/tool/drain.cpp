@@ -2,15 +2,15 @@
 // section 7 shapes), and the real relay binary with its file sink.
 #include <pqxx/pqxx>
 
+#include <unistd.h>
 #include <fstream>
 #include <iostream>
 #include <thread>
-#include <unistd.h>
 
+#include "app/options.hpp"
 #include "child.hpp"
 #include "commands.hpp"
 #include "common.hpp"
-#include "app/options.hpp"
 #include "postgres/pg_store.hpp"
 #include "tailer.hpp"
 
@@ -55,11 +55,15 @@ long long drain_simple(const SqlDrainOptions& o, int& batches) {
       "FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL "
       "AND (lease_until IS NULL OR lease_until < now()) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED";
   c.prepare("lock", "SELECT id, topic, aggregate_id, payload::text, headers::text, created_at " + pending);
-  c.prepare("lease", "UPDATE outbox_events AS e SET lease_owner = 'bench', lease_until = now() + interval '60 s' "
-                     "FROM (SELECT id " + pending + ") AS s WHERE e.id = s.id "
-                     "RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, e.created_at");
-  c.prepare("mark", "UPDATE outbox_events SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
-                    "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL");
+  c.prepare("lease",
+            "UPDATE outbox_events AS e SET lease_owner = 'bench', lease_until = now() + interval '60 s' "
+            "FROM (SELECT id " +
+                pending +
+                ") AS s WHERE e.id = s.id "
+                "RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, e.created_at");
+  c.prepare("mark",
+            "UPDATE outbox_events SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
+            "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL");
   c.prepare("delete", "DELETE FROM outbox_events WHERE id = ANY($1::bigint[])");
   long long done = 0;
   std::vector<long long> ids;
@@ -125,18 +129,23 @@ int sql_drain(const SqlDrainOptions& o) {
   const double wall = seconds(Steady::now() - t0);
   const double cpu = self_cpu_seconds() - cpu0;
   pqxx::connection c(o.url);
-  const long long left = o.variant == "one-txn-delete" || o.delete_on_success ? scalar(c, "SELECT count(*) FROM outbox_events")
-                                                       : scalar(c, kPendingSql);
-  std::cout << Json{{"variant", o.variant}, {"events", done}, {"batches", batches},
-                    {"seconds", round_to(wall, 4)}, {"rate", round_to(static_cast<double>(done) / wall, 1)},
-                    {"client_cpu_seconds", round_to(cpu, 3)}, {"pending_after", left}}
+  const long long left = o.variant == "one-txn-delete" || o.delete_on_success
+                             ? scalar(c, "SELECT count(*) FROM outbox_events")
+                             : scalar(c, kPendingSql);
+  std::cout << Json{{"variant", o.variant},
+                    {"events", done},
+                    {"batches", batches},
+                    {"seconds", round_to(wall, 4)},
+                    {"rate", round_to(static_cast<double>(done) / wall, 1)},
+                    {"client_cpu_seconds", round_to(cpu, 3)},
+                    {"pending_after", left}}
             << std::endl;
   return done == o.expect && left == 0 ? 0 : 1;
 }
 
 int relay_drain(const RelayDrainOptions& o) {
   { std::ofstream(o.sink_file, std::ios::trunc); }  // the sink appends; the tailer needs the file
-  pqxx::connection poll_conn(o.url);                 // opened before t0: not part of the drain
+  pqxx::connection poll_conn(o.url);                // opened before t0: not part of the drain
   const long long max_id = scalar(poll_conn, "SELECT coalesce(max(id), 0) FROM outbox_events");
   std::atomic<long long> lines{0};
   std::atomic<Steady::rep> first_seen{0}, all_seen{0};
@@ -173,8 +182,11 @@ int relay_drain(const RelayDrainOptions& o) {
   tailer.stop();
   const long long unprocessed = scalar(poll_conn, "SELECT count(*) FROM outbox_events WHERE processed_at IS NULL");
 
-  Json out{{"events", o.expect}, {"lines", lines.load()}, {"unprocessed_after", unprocessed},
-           {"relay_exit_code", exit.code}, {"relay_cpu_seconds", round_to(exit.cpu_seconds, 3)}};
+  Json out{{"events", o.expect},
+           {"lines", lines.load()},
+           {"unprocessed_after", unprocessed},
+           {"relay_exit_code", exit.code},
+           {"relay_cpu_seconds", round_to(exit.cpu_seconds, 3)}};
   // The full check: nothing pending anywhere, every event in the file exactly once.
   const bool ok = all_seen.load() != 0 && pending == 0 && unprocessed == 0 && lines.load() == o.expect;
   if (ok) {

@@ -31,8 +31,7 @@ bool parse_int(std::string_view text, long long& out) {
 
 // relay: {"id":123,...}  ->  key 123, reached = read time.
 // peer:  "seq monotonic_ns" ->  key seq, reached = the task's own stamp.
-bool parse_line(const std::string& mode, std::string_view line, Steady::time_point read, long long& key,
-                Arrival& a) {
+bool parse_line(const std::string& mode, std::string_view line, Steady::time_point read, long long& key, Arrival& a) {
   a.read = read;
   if (mode == "relay") {
     constexpr std::string_view kPrefix = "{\"id\":";
@@ -78,16 +77,17 @@ int latency(const LatencyOptions& o) {
 
   pqxx::connection c(o.url);
   if (o.mode == "relay") {
-    c.prepare("insert",
-              "INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', $1, $2::jsonb) RETURNING id");
+    c.prepare(
+        "insert",
+        "INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', $1, $2::jsonb) RETURNING id");
   } else {
     c.prepare("insert", "SELECT id FROM graphile_worker.add_job('noop', $1::json)");
   }
   long long seq = 0;
   auto insert = [&](std::vector<long long>& keys) {
     ++seq;
-    const std::string payload = "{\"seq\":" + std::to_string(seq) +
-                                ",\"order_id\":" + std::to_string(seq) + ",\"amount_cents\":1999,\"currency\":\"EUR\"}";
+    const std::string payload = "{\"seq\":" + std::to_string(seq) + ",\"order_id\":" + std::to_string(seq) +
+                                ",\"amount_cents\":1999,\"currency\":\"EUR\"}";
     pqxx::nontransaction tx(c);  // autocommit: exec returns after the COMMIT
     if (o.mode == "relay") {
       keys.push_back(tx.exec_prepared1("insert", "order-" + std::to_string(seq % 100), payload)[0].as<long long>());
@@ -99,7 +99,8 @@ int latency(const LatencyOptions& o) {
 
   Child child(o.command, "/dev/null", o.log_file);
   auto wait_all = [&](const std::vector<long long>& keys, double timeout_s) {
-    const auto until = Steady::now() + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(timeout_s));
+    const auto until =
+        Steady::now() + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(timeout_s));
     while (arrived_count(keys) < static_cast<long long>(keys.size()) && Steady::now() < until && child.alive()) {
       std::this_thread::sleep_for(std::chrono::milliseconds{2});
     }
@@ -128,8 +129,9 @@ int latency(const LatencyOptions& o) {
     std::this_thread::sleep_until(start + i * period);
     insert(keys);
     committed.push_back(Steady::now());
-    committed_wall_us.push_back(std::chrono::duration_cast<std::chrono::microseconds>(
-                                    std::chrono::system_clock::now().time_since_epoch()).count());
+    committed_wall_us.push_back(
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count());
   }
   const double insert_seconds = seconds(Steady::now() - start);
   const bool all = wait_all(keys, 30);
@@ -144,10 +146,16 @@ int latency(const LatencyOptions& o) {
       read_lat.push_back(millis(it->second.read - committed[i]));
     }
   }
-  Json out{{"mode", o.mode}, {"count", o.count}, {"arrived", lat.size()}, {"all_arrived", all},
-           {"bad_lines", bad_lines}, {"insert_rate", round_to(o.count / insert_seconds, 1)},
-           {"p50_ms", round_to(percentile(lat, 0.50), 3)}, {"p90_ms", round_to(percentile(lat, 0.90), 3)},
-           {"p99_ms", round_to(percentile(lat, 0.99), 3)}, {"max_ms", round_to(percentile(lat, 1.0), 3)},
+  Json out{{"mode", o.mode},
+           {"count", o.count},
+           {"arrived", lat.size()},
+           {"all_arrived", all},
+           {"bad_lines", bad_lines},
+           {"insert_rate", round_to(o.count / insert_seconds, 1)},
+           {"p50_ms", round_to(percentile(lat, 0.50), 3)},
+           {"p90_ms", round_to(percentile(lat, 0.90), 3)},
+           {"p99_ms", round_to(percentile(lat, 0.99), 3)},
+           {"max_ms", round_to(percentile(lat, 1.0), 3)},
            {"min_ms", round_to(percentile(lat, 0.0), 3)}};
   if (o.mode == "peer") {
     // The peer's own stamp is the figure; this adds the write to its log and our read of it.
@@ -172,7 +180,8 @@ int latency(const LatencyOptions& o) {
       if (rows.size() == keys.size()) {
         std::unordered_map<long long, std::int64_t> at;
         for (const auto& r : rows) at[r[0].as<long long>()] = r[1].as<std::int64_t>();
-        for (std::size_t i = 0; i < keys.size(); ++i) acked.push_back((at[keys[i]] - committed_wall_us[i]) / 1000.0);
+        for (std::size_t i = 0; i < keys.size(); ++i)
+          acked.push_back(static_cast<double>(at[keys[i]] - committed_wall_us[i]) / 1000.0);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds{10});

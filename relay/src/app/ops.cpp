@@ -35,6 +35,7 @@ void log_db_error(const char* msg, const DbError& e, nlohmann::json fields) {
 
 std::vector<std::string> sink_names(const std::vector<Sink*>& sinks) {
   std::vector<std::string> names;
+  names.reserve(sinks.size());
   for (const Sink* s : sinks) names.push_back(s->name());
   return names;
 }
@@ -152,17 +153,19 @@ struct Ops::Impl {
       if (deleted > 0) ++unlogged_passes;
       if (unlogged > 0 && (!logged || ended - *logged >= kRetentionLogEvery)) {
         log::info("retention deleted processed events",
-                  {{"deleted", unlogged}, {"batches", unlogged_batches}, {"passes", unlogged_passes},
-                   {"batch_size", sweeper.batch_size()}, {"older_than", config::format_duration(older_than)},
+                  {{"deleted", unlogged},
+                   {"batches", unlogged_batches},
+                   {"passes", unlogged_passes},
+                   {"batch_size", sweeper.batch_size()},
+                   {"older_than", config::format_duration(older_than)},
                    {"last_pass_seconds", std::chrono::duration<double>(ended - started).count()}});
         logged = ended;
         unlogged = 0;
         unlogged_batches = 0;
         unlogged_passes = 0;
       } else if (deleted == 0) {
-        log::debug("retention found nothing to delete",
-                   {{"older_than", config::format_duration(older_than)},
-                    {"next_pass_in", config::format_duration(wait)}});
+        log::debug("retention found nothing to delete", {{"older_than", config::format_duration(older_than)},
+                                                         {"next_pass_in", config::format_duration(wait)}});
       }
     } while (sleep_until(steady_clock::now() + wait));
   }

@@ -9,8 +9,8 @@
 #include <regex>
 #include <thread>
 
-#include "app/options.hpp"
 #include "app/ops.hpp"
+#include "app/options.hpp"
 #include "core/bell.hpp"
 #include "core/health.hpp"
 #include "core/loop.hpp"
@@ -62,14 +62,53 @@ void register_secrets(const config::Config& config) {
   if (const char* env = std::getenv("PGPASSWORD")) log::add_secret(env);
 }
 
-int run_relay(const config::Config& config) {
-  // Stop signals are taken by sigtimedwait on this thread only, never by a handler.
+namespace {
+
+// Blocks SIGTERM and SIGINT (every thread started later inherits the mask) and ignores SIGPIPE.
+// Stop signals are taken by sigtimedwait on this thread only, never by a handler.
+sigset_t block_stop_signals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  return stop_signals;
+}
+
+// The config's routes, with sink names turned into indexes of config.sinks.
+Router make_router(const config::Config& config) {
+  std::vector<Route> routes;
+  for (const auto& r : config.routes) {
+    Route route{r.topics, {}};
+    for (const auto& name : r.sinks) {
+      for (std::size_t i = 0; i < config.sinks.size(); ++i) {
+        if (config.sinks[i].name == name) route.sinks.push_back(i);
+      }
+    }
+    routes.push_back(std::move(route));
+  }
+  return Router(std::move(routes), config.sinks.size());
+}
+
+// Returns once the bell is stopped: by SIGTERM or SIGINT, logged, or by anything else.
+void wait_for_stop(Bell& bell, const sigset_t& stop_signals, const config::Config& config) {
+  timespec tick{1, 0};  // only a signal stops the bell today; the tick is a backstop
+  while (!bell.stopped()) {
+    const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+    if (sig == SIGTERM || sig == SIGINT) {
+      log::info(
+          "stop signal received, finishing the batch in flight",
+          {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}, {"timeout_ms", config.relay.shutdown_timeout.count()}});
+      bell.stop();
+    }
+  }
+}
+
+}  // namespace
+
+int run_relay(const config::Config& config) {
+  const sigset_t stop_signals = block_stop_signals();
 
   const auto prepared = prepare_sinks(config);  // ConfigError naming the key: exit 2
   const std::string instance_id = config.relay.instance_id.empty() ? default_instance_id() : config.relay.instance_id;
@@ -83,17 +122,7 @@ int run_relay(const config::Config& config) {
     owned_sinks.push_back(s.spec->make(s.name));
     sinks.push_back(owned_sinks.back().get());
   }
-  std::vector<Route> routes;
-  for (const auto& r : config.routes) {
-    Route route{r.topics, {}};
-    for (const auto& name : r.sinks) {
-      for (std::size_t i = 0; i < config.sinks.size(); ++i) {
-        if (config.sinks[i].name == name) route.sinks.push_back(i);
-      }
-    }
-    routes.push_back(std::move(route));
-  }
-  const Router router(std::move(routes), sinks.size());
+  const Router router = make_router(config);
 
   Bell bell;
   Health health;
@@ -119,8 +148,8 @@ int run_relay(const config::Config& config) {
   } catch (const StoreUnavailable&) {
   }
 
-  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics,
-                        config.database.reconnect, clock, watch_options(config));
+  pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, config.database.reconnect,
+                        clock, watch_options(config));
   ops.start([&store] { return store.lanes_owned(); });
   listener.start();
   std::promise<void> finished;
@@ -131,16 +160,7 @@ int run_relay(const config::Config& config) {
   });
 
   int exit_code = 0;
-  timespec tick{1, 0};  // only a signal stops the bell today; the tick is a backstop
-  while (!bell.stopped()) {
-    const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
-    if (sig == SIGTERM || sig == SIGINT) {
-      log::info("stop signal received, finishing the batch in flight",
-                {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
-                 {"timeout_ms", config.relay.shutdown_timeout.count()}});
-      bell.stop();
-    }
-  }
+  wait_for_stop(bell, stop_signals, config);
   const auto deadline = std::chrono::steady_clock::now() + config.relay.shutdown_timeout;
   listener.interrupt();  // a watch statement in progress
   // Past the deadline: leave without the threads still waiting (nothing is lost by it).
@@ -159,7 +179,8 @@ int run_relay(const config::Config& config) {
   }
   loop_thread.join();
   for (Sink* s : sinks) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     s->flush(std::max(left, std::chrono::milliseconds{100}));
   }
   store.release_leases();

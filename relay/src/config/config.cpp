@@ -1,12 +1,12 @@
 #include "config/config.hpp"
 
+#include <yaml-cpp/yaml.h>
 #include <algorithm>
 #include <fstream>
 #include <functional>
 #include <regex>
 #include <set>
 #include <sstream>
-#include <yaml-cpp/yaml.h>
 
 #include "config/duration.hpp"
 
@@ -78,23 +78,25 @@ RelaySection parse_relay(Section& s) {
     }
     b->finish();
   }
-  c.on_success = s.choice_or("on_success", "mark", {"mark", "delete"}) == "delete" ? OnSuccess::kDelete
-                                                                                 : OnSuccess::kMark;
+  c.on_success =
+      s.choice_or("on_success", "mark", {"mark", "delete"}) == "delete" ? OnSuccess::kDelete : OnSuccess::kMark;
   c.shutdown_timeout = s.duration_or("shutdown_timeout", c.shutdown_timeout);
   c.rebalance_interval = s.duration_or("rebalance_interval", c.rebalance_interval);
   c.instance_id = s.string_or("instance_id", "");
   if (auto retention = s.optional_string("retention"); retention && *retention != "off") {
     c.retention = parse_duration(*retention);
     if (!c.retention || *c.retention < std::chrono::seconds{1}) {
-      throw ConfigError(s.key_path("retention") + ": expected a duration of at least 1s such as 168h or 7d, or off, got '" +
-                        *retention + "'");
+      throw ConfigError(s.key_path("retention") +
+                        ": expected a duration of at least 1s such as 168h or 7d, or off, got '" + *retention + "'");
     }
   }
   c.retention_interval = s.duration_or("retention_interval", c.retention_interval);
   if (c.retention_interval < std::chrono::seconds{1}) {
-    throw ConfigError(s.key_path("retention_interval") + ": must be at least 1s, got " + format_duration(c.retention_interval));
+    throw ConfigError(s.key_path("retention_interval") + ": must be at least 1s, got " +
+                      format_duration(c.retention_interval));
   }
-  for (const auto& [key, value] : {std::pair{"lease", c.lease}, {"sweep_interval", c.sweep_interval},
+  for (const auto& [key, value] : {std::pair{"lease", c.lease},
+                                   {"sweep_interval", c.sweep_interval},
                                    {"rebalance_interval", c.rebalance_interval}}) {
     if (value < std::chrono::milliseconds{100}) {
       throw ConfigError(s.key_path(key) + ": must be at least 100ms, got " + format_duration(value));
@@ -114,7 +116,8 @@ HttpConfig parse_http(Section& s) {
   }
   c.refresh_interval = s.duration_or("refresh_interval", c.refresh_interval);
   if (c.refresh_interval < std::chrono::milliseconds{100}) {
-    throw ConfigError(s.key_path("refresh_interval") + ": must be at least 100ms, got " + format_duration(c.refresh_interval));
+    throw ConfigError(s.key_path("refresh_interval") + ": must be at least 100ms, got " +
+                      format_duration(c.refresh_interval));
   }
   s.finish();
   return c;
@@ -155,8 +158,7 @@ std::string table_option(const std::string& value) {
   return name;
 }
 
-Config parse_config(const std::string& yaml_text, const EnvLookup& env,
-                    const std::string& database_url_override) {
+Config parse_config(const std::string& yaml_text, const EnvLookup& env, const std::string& database_url_override) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -183,11 +185,13 @@ Config parse_config(const std::string& yaml_text, const EnvLookup& env,
     for (std::size_t i = 0; i < r.sinks.size(); ++i) {
       if (!names.count(r.sinks[i])) {
         throw ConfigError(s.key_path("sinks") + "[" + std::to_string(i) + "]: unknown sink '" + r.sinks[i] +
-                          "' (sinks defined: " + [&] {
+                          "' (sinks defined: " +
+                          [&] {
                             std::string all;
                             for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
                             return all;
-                          }() + ")");
+                          }() +
+                          ")");
       }
     }
     s.finish();
@@ -201,7 +205,8 @@ Config parse_config(const std::string& yaml_text, const EnvLookup& env,
     c.database.url = env("DATABASE_URL").value_or("");
   }
   if (c.database.url.empty()) {
-    throw ConfigError("database.url: required, but missing (set it in the file, pass --database-url or set DATABASE_URL)");
+    throw ConfigError(
+        "database.url: required, but missing (set it in the file, pass --database-url or set DATABASE_URL)");
   }
   return c;
 }
@@ -219,33 +224,36 @@ nlohmann::json describe(const Config& c) {
   for (const auto& s : c.sinks) sinks.push_back({{"name", s.name}, {"type", s.type}});
   nlohmann::json routes = nlohmann::json::array();
   for (const auto& r : c.routes) routes.push_back({{"topics", r.topics}, {"sinks", r.sinks}});
-  return {
-      {"database",
-       {{"url", "*****"},
-        {"channel", c.database.channel},
-        {"table", c.database.table},
-        {"reconnect",
-         {{"initial", format_duration(c.database.reconnect.initial)}, {"max", format_duration(c.database.reconnect.max)}}}}},
-      {"relay",
-       {{"batch_size", c.relay.batch_size},
-        {"lease", format_duration(c.relay.lease)},
-        {"writer_hold_warning", format_duration(c.relay.writer_hold_warning)},
-        {"sweep_interval", format_duration(c.relay.sweep_interval)},
-        {"poll_interval", format_duration(c.relay.poll_interval)},
-        {"light_poll_interval", format_duration(c.relay.light_poll_interval)},
-        {"idle_poll_interval", format_duration(c.relay.idle_poll_interval)},
-        {"idle_watch", c.relay.idle_watch},
-        {"max_attempts", c.relay.max_attempts},
-        {"backoff", {{"initial", format_duration(c.relay.backoff.initial)}, {"max", format_duration(c.relay.backoff.max)}}},
-        {"on_success", c.relay.on_success == OnSuccess::kDelete ? "delete" : "mark"},
-        {"shutdown_timeout", format_duration(c.relay.shutdown_timeout)},
-        {"rebalance_interval", format_duration(c.relay.rebalance_interval)},
-        {"retention", c.relay.retention ? format_duration(*c.relay.retention) : "off"},
-        {"retention_interval", format_duration(c.relay.retention_interval)}}},
-      {"http", {{"enabled", c.http.enabled}, {"listen", c.http.listen},
-                {"refresh_interval", format_duration(c.http.refresh_interval)}}},
-      {"sinks", sinks},
-      {"routes", routes}};
+  return {{"database",
+           {{"url", "*****"},
+            {"channel", c.database.channel},
+            {"table", c.database.table},
+            {"reconnect",
+             {{"initial", format_duration(c.database.reconnect.initial)},
+              {"max", format_duration(c.database.reconnect.max)}}}}},
+          {"relay",
+           {{"batch_size", c.relay.batch_size},
+            {"lease", format_duration(c.relay.lease)},
+            {"writer_hold_warning", format_duration(c.relay.writer_hold_warning)},
+            {"sweep_interval", format_duration(c.relay.sweep_interval)},
+            {"poll_interval", format_duration(c.relay.poll_interval)},
+            {"light_poll_interval", format_duration(c.relay.light_poll_interval)},
+            {"idle_poll_interval", format_duration(c.relay.idle_poll_interval)},
+            {"idle_watch", c.relay.idle_watch},
+            {"max_attempts", c.relay.max_attempts},
+            {"backoff",
+             {{"initial", format_duration(c.relay.backoff.initial)}, {"max", format_duration(c.relay.backoff.max)}}},
+            {"on_success", c.relay.on_success == OnSuccess::kDelete ? "delete" : "mark"},
+            {"shutdown_timeout", format_duration(c.relay.shutdown_timeout)},
+            {"rebalance_interval", format_duration(c.relay.rebalance_interval)},
+            {"retention", c.relay.retention ? format_duration(*c.relay.retention) : "off"},
+            {"retention_interval", format_duration(c.relay.retention_interval)}}},
+          {"http",
+           {{"enabled", c.http.enabled},
+            {"listen", c.http.listen},
+            {"refresh_interval", format_duration(c.http.refresh_interval)}}},
+          {"sinks", sinks},
+          {"routes", routes}};
 }
 
 }  // namespace outbox::config

@@ -79,10 +79,10 @@ struct HttpConfig {
 // written; the sink registry (sinks/registry.hpp) knows the types and reads the rest.
 struct SinkConfig {
   std::string name;
-  std::string type;      // as written, not checked here
-  YamlNode section;      // the whole entry
-  std::string path;      // its key path for errors: sinks[N]
-  EnvLookup env;         // for ${...} in its values
+  std::string type;  // as written, not checked here
+  YamlNode section;  // the whole entry
+  std::string path;  // its key path for errors: sinks[N]
+  EnvLookup env;     // for ${...} in its values
 };
 
 struct RouteConfig {
@@ -101,10 +101,8 @@ struct Config {
 
 // Parses YAML text. `database_url_override` (from --database-url) wins over the file; the
 // DATABASE_URL variable fills database.url when neither gives one. Throws ConfigError.
-Config parse_config(const std::string& yaml_text, const EnvLookup& env,
-                    const std::string& database_url_override = {});
-Config load_config(const std::string& path, const EnvLookup& env,
-                   const std::string& database_url_override = {});
+Config parse_config(const std::string& yaml_text, const EnvLookup& env, const std::string& database_url_override = {});
+Config load_config(const std::string& path, const EnvLookup& env, const std::string& database_url_override = {});
 
 // The one rule for outbox table names (database.table, --table): a lower-case SQL identifier,
 // optionally schema-qualified ("app.outbox_events"). Throws ConfigError naming `key`.

@@ -1,9 +1,9 @@
 #include "config/section.hpp"
 
+#include <yaml-cpp/yaml.h>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-#include <yaml-cpp/yaml.h>
 
 #include "config/duration.hpp"
 
@@ -59,8 +59,8 @@ std::string interpolate(const std::string& text, const std::string& key, const E
       } else if (dflt != std::string::npos) {
         out += expr.substr(dflt + 2);
       } else {
-        throw ConfigError(key + ": environment variable " + name +
-                          " is not set (use ${" + name + ":-default} for a default)");
+        throw ConfigError(key + ": environment variable " + name + " is not set (use ${" + name +
+                          ":-default} for a default)");
       }
     }
     i = close + 1;
@@ -75,9 +75,7 @@ Section::Section(YamlNode node, std::string path, const EnvLookup& env)
   }
 }
 
-std::string Section::key_path(const std::string& key) const {
-  return path_.empty() ? key : path_ + "." + key;
-}
+std::string Section::key_path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
 
 bool Section::has(const std::string& key) const {
   const YAML::Node& node = *node_;
@@ -115,8 +113,8 @@ long long Section::integer_or(const std::string& key, long long fallback, long l
     used = 0;
   }
   if (used == 0 || used != value->size() || number < min || number > max) {
-    throw ConfigError(key_path(key) + ": expected a whole number from " + std::to_string(min) +
-                      " to " + std::to_string(max) + ", got '" + *value + "'");
+    throw ConfigError(key_path(key) + ": expected a whole number from " + std::to_string(min) + " to " +
+                      std::to_string(max) + ", got '" + *value + "'");
   }
   return number;
 }
@@ -134,14 +132,12 @@ std::chrono::milliseconds Section::duration_or(const std::string& key, std::chro
   if (!value) return fallback;
   auto parsed = parse_duration(*value);
   if (!parsed) {
-    throw ConfigError(key_path(key) + ": expected a duration such as 500ms, 30s, 10m or 1h, got '" +
-                      *value + "'");
+    throw ConfigError(key_path(key) + ": expected a duration such as 500ms, 30s, 10m or 1h, got '" + *value + "'");
   }
   return *parsed;
 }
 
-std::string Section::choice_or(const std::string& key, std::string fallback,
-                               const std::vector<std::string>& allowed) {
+std::string Section::choice_or(const std::string& key, std::string fallback, const std::vector<std::string>& allowed) {
   auto value = optional_string(key);
   if (!value) return fallback;
   for (const auto& a : allowed) {

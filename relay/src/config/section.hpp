@@ -50,12 +50,11 @@ class Section {
   bool boolean_or(const std::string& key, bool fallback);
   std::chrono::milliseconds duration_or(const std::string& key, std::chrono::milliseconds fallback);
   // One of `allowed`; the error lists them.
-  std::string choice_or(const std::string& key, std::string fallback,
-                        const std::vector<std::string>& allowed);
-  std::vector<std::string> string_list(const std::string& key);  // absent: empty
+  std::string choice_or(const std::string& key, std::string fallback, const std::vector<std::string>& allowed);
+  std::vector<std::string> string_list(const std::string& key);           // absent: empty
   std::map<std::string, std::string> string_map(const std::string& key);  // absent: empty
-  std::optional<Section> section(const std::string& key);  // absent: nullopt
-  std::vector<Section> section_list(const std::string& key);  // absent: empty
+  std::optional<Section> section(const std::string& key);                 // absent: nullopt
+  std::vector<Section> section_list(const std::string& key);              // absent: empty
 
   // Throws ConfigError naming the first key that no getter asked for.
   void finish() const;

@@ -18,8 +18,7 @@ class SystemClock final : public Clock {
  public:
   SteadyTime now() const override { return std::chrono::steady_clock::now(); }
   std::int64_t wall_us() const override {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   }
 };

@@ -17,13 +17,11 @@ const char* db_error_label(DbErrorClass kind) {
 bool needs_operator(DbErrorClass kind) {
   switch (kind) {
     case DbErrorClass::kTransient:
-    case DbErrorClass::kOther:
-      return false;
+    case DbErrorClass::kOther: return false;
     case DbErrorClass::kPrivilege:
     case DbErrorClass::kUndefinedObject:
     case DbErrorClass::kAuthentication:
-    case DbErrorClass::kConfiguration:
-      return true;
+    case DbErrorClass::kConfiguration: return true;
   }
   return false;  // not reached
 }

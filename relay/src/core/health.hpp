@@ -7,9 +7,9 @@
 namespace outbox {
 
 struct Health {
-  std::atomic<bool> store_up{false};     // the work session is connected
-  std::atomic<bool> listener_up{false};  // the LISTEN session is connected and listening
-  std::atomic<bool> loop_running{false}; // the loop thread is inside its run loop
+  std::atomic<bool> store_up{false};      // the work session is connected
+  std::atomic<bool> listener_up{false};   // the LISTEN session is connected and listening
+  std::atomic<bool> loop_running{false};  // the loop thread is inside its run loop
   // The last session opened on database.url shared its server backend with another session of
   // ours: a transaction-pooling proxy (postgres/pooler.hpp). The relay claims nothing then.
   std::atomic<bool> transaction_pooler{false};

@@ -32,18 +32,16 @@ std::size_t hold_back_after_failures(std::span<const Event* const> events, std::
     Outcome& outcome = outcomes[i];
     switch (outcome.kind) {
       case OutcomeKind::kRetry:
-      case OutcomeKind::kDeferred:
-        held.hold(event.key, event.id);
-        break;
+      case OutcomeKind::kDeferred: held.hold(event.key, event.id); break;
       case OutcomeKind::kDelivered:
         if (held.holds(event)) {
-          outcome = Outcome::retry("acknowledged, but an earlier event of the same key in this batch must be "
-                                   "retried first; re-sent after it");
+          outcome = Outcome::retry(
+              "acknowledged, but an earlier event of the same key in this batch must be "
+              "retried first; re-sent after it");
           ++changed;
         }
         break;
-      case OutcomeKind::kPermanent:
-        break;
+      case OutcomeKind::kPermanent: break;
     }
   }
   return changed;

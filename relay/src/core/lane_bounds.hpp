@@ -29,10 +29,10 @@ inline constexpr LaneMask lane_bit(int lane) { return LaneMask{1} << lane; }
 
 // A transaction that held ROW EXCLUSIVE on the outbox at a reading.
 struct OpenWriter {
-  std::string vxid;      // its virtual transaction id: the identity across readings
-  int pid = 0;           // its backend
-  bool complete = false; // its lane marks cover every id it drew up to the reading's last id
-  LaneMask lanes = 0;    // its lane marks
+  std::string vxid;       // its virtual transaction id: the identity across readings
+  int pid = 0;            // its backend
+  bool complete = false;  // its lane marks cover every id it drew up to the reading's last id
+  LaneMask lanes = 0;     // its lane marks
   // For the operator (pg_stat_activity; empty when not visible).
   std::string state;
   std::string application;

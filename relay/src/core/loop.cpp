@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <exception>
 #include <functional>
-#include <utility>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "log/log.hpp"
 
@@ -58,9 +58,8 @@ std::optional<std::string> parse_headers(const std::string& json, std::vector<He
   return std::nullopt;
 }
 
-RelayLoop::RelayLoop(Store& store, std::vector<Sink*> sinks, const Router& router,
-                     const Clock& clock, Metrics& metrics, LoopOptions options,
-                     std::function<double()> jitter01)
+RelayLoop::RelayLoop(Store& store, std::vector<Sink*> sinks, const Router& router, const Clock& clock, Metrics& metrics,
+                     LoopOptions options, std::function<double()> jitter01)
     : store_(store),
       sinks_(std::move(sinks)),
       router_(router),
@@ -121,7 +120,7 @@ struct RelayLoop::Batch {
   };
   std::vector<Event> events;
   std::vector<Verdict> verdicts;
-  std::vector<std::vector<const Event*>> per_sink;        // what each sink gets
+  std::vector<std::vector<const Event*>> per_sink;       // what each sink gets
   std::vector<std::vector<std::size_t>> per_sink_index;  // its positions in events
 };
 
@@ -337,9 +336,8 @@ void RelayLoop::publish(Batch& batch) {
     metrics_.published(sink.name(), events.size(), seconds_between(started, clock_.now()));
     if (outcomes.size() != events.size()) {
       // A sink bug, not a downstream failure: retry the whole batch rather than guess.
-      outcomes.assign(events.size(),
-                      Outcome::retry("sink returned " + std::to_string(outcomes.size()) +
-                                     " outcomes for " + std::to_string(events.size()) + " events"));
+      outcomes.assign(events.size(), Outcome::retry("sink returned " + std::to_string(outcomes.size()) +
+                                                    " outcomes for " + std::to_string(events.size()) + " events"));
     }
     hold_back_after_failures(events, outcomes);  // per-key order whatever the sink did
     const auto ack_us = clock_.wall_us();
@@ -358,8 +356,8 @@ void RelayLoop::publish(Batch& batch) {
           }
           verdict.retry = true;
           if (outcome.retry_after) {
-            verdict.retry_after = std::max(verdict.retry_after.value_or(std::chrono::milliseconds{0}),
-                                           *outcome.retry_after);
+            verdict.retry_after =
+                std::max(verdict.retry_after.value_or(std::chrono::milliseconds{0}), *outcome.retry_after);
           }
           metrics_.retried(sink.name());
           break;
@@ -369,9 +367,7 @@ void RelayLoop::publish(Batch& batch) {
             verdict.failed_sink = &sink.name();
           }
           break;
-        case OutcomeKind::kDeferred:
-          verdict.deferred = true;
-          break;
+        case OutcomeKind::kDeferred: verdict.deferred = true; break;
       }
     }
   }

@@ -67,8 +67,8 @@ inline constexpr std::chrono::milliseconds kRetrySlack{20};
 class RelayLoop {
  public:
   // jitter01 returns uniform numbers in [0, 1). Everything is borrowed and must outlive the loop.
-  RelayLoop(Store& store, std::vector<Sink*> sinks, const Router& router, const Clock& clock,
-            Metrics& metrics, LoopOptions options, std::function<double()> jitter01);
+  RelayLoop(Store& store, std::vector<Sink*> sinks, const Router& router, const Clock& clock, Metrics& metrics,
+            LoopOptions options, std::function<double()> jitter01);
 
   // Applies completions left over from a failed complete() (after a reconnect), then claims one
   // batch, publishes it and completes it. Throws StoreUnavailable; the outcomes of a published
@@ -132,9 +132,9 @@ class RelayLoop {
   // Delivered outcomes whose write polls delay for a later poll (LoopOptions::outcome_delay).
   // Written late, not "deferred": OutcomeKind::kDeferred is an event a sink did not attempt.
   std::vector<Completion> delayed_outcomes_;
-  Clock::SteadyTime delayed_since_{};  // when the first of delayed_outcomes_ was left
+  Clock::SteadyTime delayed_since_{};           // when the first of delayed_outcomes_ was left
   std::multiset<Clock::SteadyTime> retry_due_;  // bounded; see kMaxTrackedRetries
-  DrainPipeline pipeline_;  // last: its helpers stop before anything above goes away
+  DrainPipeline pipeline_;                      // last: its helpers stop before anything above goes away
 };
 
 }  // namespace outbox

@@ -26,8 +26,8 @@ Runner::Runner(RelayLoop& loop, Store& store, Waiter& waiter, const Clock& clock
       metrics_(metrics),
       health_(health),
       options_(options),
-      reconnect_({"worker", "database unavailable, will retry", "database session restored"}, options.reconnect,
-                 waiter, clock, metrics, health.store_up, health.store_error, std::move(jitter01)) {}
+      reconnect_({"worker", "database unavailable, will retry", "database session restored"}, options.reconnect, waiter,
+                 clock, metrics, health.store_up, health.store_error, std::move(jitter01)) {}
 
 void Runner::maybe_rebalance() {
   const auto now = clock_.now();
@@ -107,8 +107,11 @@ std::size_t Runner::drain(bool probe) {
   control.pause = [this] { maybe_rebalance(); };
   const BatchResult r = loop_.drain(control);
   if (r.retried + r.dead_lettered > 0) {
-    log::debug("drain done", {{"claimed", r.claimed}, {"delivered", r.delivered}, {"released", r.released},
-                              {"retried", r.retried}, {"dead_lettered", r.dead_lettered}});
+    log::debug("drain done", {{"claimed", r.claimed},
+                              {"delivered", r.delivered},
+                              {"released", r.released},
+                              {"retried", r.retried},
+                              {"dead_lettered", r.dead_lettered}});
   }
   return r.claimed;
 }
@@ -160,12 +163,10 @@ void Runner::session() {
     if (waiter_.stopped()) return;
 
     now = clock_.now();
-    const bool flowing =
-        now - last_found < options_.idle_after || store_.waiting_for_writers() || loop_.has_pending();
+    const bool flowing = now - last_found < options_.idle_after || store_.waiting_for_writers() || loop_.has_pending();
     // Once events stop, the interval grows by half each poll up to idle_poll_interval (~0.4 s to
     // get there from 5 ms): a stream that pauses for a moment still finds a fast poll.
-    poll_every = flowing ? flowing_interval()
-                         : std::min(options_.idle_poll_interval, poll_every + poll_every / 2);
+    poll_every = flowing ? flowing_interval() : std::min(options_.idle_poll_interval, poll_every + poll_every / 2);
     // Idle: the LISTEN thread waits for the next id from inside Postgres, for a fraction of what
     // polls cost; a new id rings kWatch. Polls go on, far apart, as a safety net.
     bool watched = false;

@@ -23,14 +23,13 @@ struct Outcome {
   std::optional<std::chrono::milliseconds> retry_after;
 
   static Outcome delivered() { return {OutcomeKind::kDelivered, {}, std::nullopt}; }
-  static Outcome retry(std::string why,
-                       std::optional<std::chrono::milliseconds> after = std::nullopt) {
+  static Outcome retry(std::string why, std::optional<std::chrono::milliseconds> after = std::nullopt) {
     return {OutcomeKind::kRetry, std::move(why), after};
   }
-  static Outcome permanent(std::string why) {
-    return {OutcomeKind::kPermanent, std::move(why), std::nullopt};
+  static Outcome permanent(std::string why) { return {OutcomeKind::kPermanent, std::move(why), std::nullopt}; }
+  static Outcome deferred() {
+    return {OutcomeKind::kDeferred, "blocked by an earlier event of the same key", std::nullopt};
   }
-  static Outcome deferred() { return {OutcomeKind::kDeferred, "blocked by an earlier event of the same key", std::nullopt}; }
 };
 
 const char* to_string(OutcomeKind kind);

@@ -22,10 +22,10 @@ class StoreUnavailable : public DbError {
 
 struct Completion {
   enum class Kind {
-    kDelivered,    // every routed sink acknowledged: processed_at = now() (or delete)
-    kRetry,        // attempts + 1, next attempt after delay, last_error
-    kDeadLetter,   // attempts + 1, dead_lettered_at = now(), last_error
-    kRelease,      // not attempted: clear the lease, attempts unchanged
+    kDelivered,   // every routed sink acknowledged: processed_at = now() (or delete)
+    kRetry,       // attempts + 1, next attempt after delay, last_error
+    kDeadLetter,  // attempts + 1, dead_lettered_at = now(), last_error
+    kRelease,     // not attempted: clear the lease, attempts unchanged
   };
   EventId id = 0;
   Kind kind = Kind::kDelivered;

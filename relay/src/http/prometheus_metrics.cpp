@@ -22,8 +22,8 @@ constexpr const char* kRelayLabel = "relay";  // the loop's label for events no 
 
 // From a few milliseconds (a local broker) to an hour (an event that waited for retries). 0.02:
 // a p99 target of 20 ms (bench/soak.sh) is read off the histogram without interpolation.
-const Histogram::BucketBoundaries kLatencyBuckets{0.005, 0.01, 0.02, 0.025, 0.05, 0.1,  0.25, 0.5,  1,   2.5,
-                                                  5,     10,   30,   60,    120,  300,  600,  1800, 3600};
+const Histogram::BucketBoundaries kLatencyBuckets{0.005, 0.01, 0.02, 0.025, 0.05, 0.1, 0.25, 0.5,  1,   2.5,
+                                                  5,     10,   30,   60,    120,  300, 600,  1800, 3600};
 const Histogram::BucketBoundaries kClaimBuckets{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                 0.1,    0.25,  0.5,    1,     2.5,  5};
 const Histogram::BucketBoundaries kPublishBuckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -67,8 +67,9 @@ struct PrometheusMetrics::Impl {
   Family<Counter>& dead_lettered =
       prometheus::BuildCounter()
           .Name("outbox_relay_events_dead_lettered_total")
-          .Help("Events given up on (permanent error or max_attempts); sink=\"relay\" when the relay rejected the "
-                "event itself (invalid headers, no route)")
+          .Help(
+              "Events given up on (permanent error or max_attempts); sink=\"relay\" when the relay rejected the "
+              "event itself (invalid headers, no route)")
           .Register(registry);
   Family<Histogram>& latency = prometheus::BuildHistogram()
                                    .Name("outbox_relay_delivery_latency_seconds")
@@ -82,24 +83,27 @@ struct PrometheusMetrics::Impl {
                                         .Name("outbox_relay_claim_duration_seconds")
                                         .Help("Time of one claim statement (lease a batch of due events)")
                                         .Register(registry);
-  Family<Counter>& wakeups = prometheus::BuildCounter()
-                                 .Name("outbox_relay_wakeups_total")
-                                 .Help("Why the loop claimed: poll (a poll of the table found new events), notify (a "
-                                       "NOTIFY on the channel: an operator command or an opt-in writer trigger), sweep "
-                                       "(timer), retry (a retry fell due), startup (catch-up after (re)connecting LISTEN), watch "
-                                       "(an idle relay's watch of the id sequence saw a new id)")
-                                 .Register(registry);
+  Family<Counter>& wakeups =
+      prometheus::BuildCounter()
+          .Name("outbox_relay_wakeups_total")
+          .Help(
+              "Why the loop claimed: poll (a poll of the table found new events), notify (a "
+              "NOTIFY on the channel: an operator command or an opt-in writer trigger), sweep "
+              "(timer), retry (a retry fell due), startup (catch-up after (re)connecting LISTEN), watch "
+              "(an idle relay's watch of the id sequence saw a new id)")
+          .Register(registry);
   Counter& reconnects = prometheus::BuildCounter()
                             .Name("outbox_relay_db_reconnects_total")
                             .Help("Database sessions (work or LISTEN) restored after a loss")
                             .Register(registry)
                             .Add({});
   Family<Counter>& db_errors = prometheus::BuildCounter()
-                                  .Name("outbox_relay_db_errors_total")
-                                  .Help("Failed database operations of any session, by class: transient (a "
-                                        "reconnect cures it), other (unlisted code, retried), privilege, "
-                                        "undefined_object, authentication, configuration (an operator has to act)")
-                                  .Register(registry);
+                                   .Name("outbox_relay_db_errors_total")
+                                   .Help(
+                                       "Failed database operations of any session, by class: transient (a "
+                                       "reconnect cures it), other (unlisted code, retried), privilege, "
+                                       "undefined_object, authentication, configuration (an operator has to act)")
+                                   .Register(registry);
   Gauge& ready_gauge = prometheus::BuildGauge()
                            .Name("outbox_relay_ready")
                            .Help("1 while the database and LISTEN sessions are up and every sink is usable")
@@ -127,14 +131,16 @@ struct PrometheusMetrics::Impl {
                      .Add({});
   Gauge& held = prometheus::BuildGauge()
                     .Name("outbox_relay_held_events")
-                    .Help("Committed events of this instance's lanes held back by an open writer transaction that "
-                          "may still commit an earlier event of their lanes (counted at most once a second)")
+                    .Help(
+                        "Committed events of this instance's lanes held back by an open writer transaction that "
+                        "may still commit an earlier event of their lanes (counted at most once a second)")
                     .Register(registry)
                     .Add({});
   Gauge& oldest_writer = prometheus::BuildGauge()
                              .Name("outbox_relay_oldest_open_writer_seconds")
-                             .Help("Age of the oldest open writer transaction holding events back, 0 when none "
-                                   "(the log and `outbox-relay status` name it)")
+                             .Help(
+                                 "Age of the oldest open writer transaction holding events back, 0 when none "
+                                 "(the log and `outbox-relay status` name it)")
                              .Register(registry)
                              .Add({});
   Counter& retention = prometheus::BuildCounter()

@@ -16,9 +16,9 @@ namespace outbox::http {
 
 // Values read by the backlog query on its own session.
 struct BacklogGauges {
-  long long pending = 0;                   // processed_at and dead_lettered_at both NULL
-  double oldest_pending_age_seconds = 0;   // 0 when nothing is pending
-  double notification_queue_usage = 0;     // pg_notification_queue_usage(), 0..1
+  long long pending = 0;                  // processed_at and dead_lettered_at both NULL
+  double oldest_pending_age_seconds = 0;  // 0 when nothing is pending
+  double notification_queue_usage = 0;    // pg_notification_queue_usage(), 0..1
 };
 
 class PrometheusMetrics final : public Metrics {

@@ -25,11 +25,13 @@ Readiness evaluate_readiness(const Health& health, const std::vector<const Sink*
   Readiness r;
   if (stopping) r.reasons.emplace_back("shutting down");
   if (health.transaction_pooler.load()) {
-    r.reasons.emplace_back("database.url leads to a transaction pooler: the relay needs a direct or session-pooled connection");
+    r.reasons.emplace_back(
+        "database.url leads to a transaction pooler: the relay needs a direct or session-pooled connection");
   } else if (!health.store_up.load()) {
     r.reasons.push_back(session_down("database session down", health.store_error.load()));
   }
-  if (!health.listener_up.load()) r.reasons.push_back(session_down("LISTEN session down", health.listener_error.load()));
+  if (!health.listener_up.load())
+    r.reasons.push_back(session_down("LISTEN session down", health.listener_error.load()));
   for (const Sink* sink : sinks) {
     if (!sink->usable()) r.reasons.push_back("sink '" + sink->name() + "' not usable");
   }

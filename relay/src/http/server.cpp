@@ -66,18 +66,19 @@ HttpServer::HttpServer(const std::string& listen, HttpHandlers handlers) : impl_
   im.server.Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
     answer(res, impl_->handlers.readiness(), "ready");
   });
-  im.server.set_exception_handler([](const httplib::Request& req, httplib::Response& res, const std::exception_ptr& ep) {
-    std::string what = "unknown error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {  // reported as a 500 and logged, never swallowed
-    }
-    log::warn("http handler failed", {{"path", req.path}, {"error", log::redact(what)}});
-    res.status = 500;
-    res.set_content(nlohmann::json{{"error", log::redact(what)}}.dump(), kJsonType);
-  });
+  im.server.set_exception_handler(
+      [](const httplib::Request& req, httplib::Response& res, const std::exception_ptr& ep) {
+        std::string what = "unknown error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {  // reported as a 500 and logged, never swallowed
+        }
+        log::warn("http handler failed", {{"path", req.path}, {"error", log::redact(what)}});
+        res.status = 500;
+        res.set_content(nlohmann::json{{"error", log::redact(what)}}.dump(), kJsonType);
+      });
 
   errno = 0;
   if (port == 0) {
@@ -102,8 +103,8 @@ void HttpServer::start() {
     if (!im.server.listen_after_bind()) log::warn("http server stopped accepting", {{"listen", im.listen}});
     im.finished = true;
   });
-  log::info("http server listening", {{"listen", im.listen}, {"port", im.port},
-                                      {"paths", {"/metrics", "/healthz", "/readyz"}}});
+  log::info("http server listening",
+            {{"listen", im.listen}, {"port", im.port}, {"paths", {"/metrics", "/healthz", "/readyz"}}});
 }
 
 void HttpServer::stop() {

@@ -13,9 +13,9 @@
 namespace outbox::http {
 
 struct HttpHandlers {
-  std::function<std::string()> metrics;   // Prometheus text exposition
-  std::function<Readiness()> liveness;    // /healthz: 200 when live, else 503
-  std::function<Readiness()> readiness;   // /readyz: 200 when ready, else 503
+  std::function<std::string()> metrics;  // Prometheus text exposition
+  std::function<Readiness()> liveness;   // /healthz: 200 when live, else 503
+  std::function<Readiness()> readiness;  // /readyz: 200 when ready, else 503
 };
 
 // The listen address could not be bound (in use, no such interface, bad host).

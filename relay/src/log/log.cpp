@@ -44,21 +44,18 @@ std::string percent_encode(const std::string& value) {
 std::string timestamp() {
   const auto now = std::chrono::system_clock::now();
   const auto secs = std::chrono::system_clock::to_time_t(now);
-  const auto micros =
-      std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
   std::tm tm{};
   gmtime_r(&secs, &tm);
   char buf[96];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                static_cast<long long>(micros));
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long long>(micros));
   return buf;
 }
 
 std::string redact_locked(std::string text) {
   for (const auto& secret : g_secrets) {
-    for (std::size_t pos = text.find(secret); pos != std::string::npos;
-         pos = text.find(secret, pos + 5)) {
+    for (std::size_t pos = text.find(secret); pos != std::string::npos; pos = text.find(secret, pos + 5)) {
       text.replace(pos, secret.size(), "*****");
     }
   }

@@ -82,10 +82,14 @@ std::vector<OpenWriterStatus> query_open_writers(pqxx::transaction_base& tx, con
   const auto rows = tx.exec(
       "SELECT w.pid, coalesce(w.application_name, ''), coalesce(w.client_addr, ''), coalesce(w.state, ''), "
       "  coalesce(w.query, ''), coalesce(w.wait_event, ''), coalesce(w.xact_age_seconds, 0), w.complete, w.lanes, "
-      "  (SELECT count(*) FROM " + table + " AS c WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
+      "  (SELECT count(*) FROM " +
+      table +
+      " AS c WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
       "     AND (NOT w.complete OR (w.lanes & (1::bigint << c.lane)) <> 0) "
       "     AND c.created_at >= clock_timestamp() - coalesce(w.xact_age_seconds, 0) * interval '1 second') "
-      "FROM " + fn + "() AS w WHERE w.vxid IS NOT NULL AND (w.lanes <> 0 OR NOT w.complete) "
+      "FROM " +
+      fn +
+      "() AS w WHERE w.vxid IS NOT NULL AND (w.lanes <> 0 OR NOT w.complete) "
       "ORDER BY w.xact_age_seconds DESC NULLS LAST LIMIT 20");
   std::vector<OpenWriterStatus> out;
   for (const auto& row : rows) {
@@ -118,7 +122,8 @@ StatusReport query_status(const std::string& url, const std::string& table) {
         "SELECT topic, count(*) FILTER (WHERE dead_lettered_at IS NULL), "
         "  coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_lettered_at IS NULL)), 0)::float8, "
         "  count(*) FILTER (WHERE dead_lettered_at IS NOT NULL) "
-        "FROM " + table + " WHERE processed_at IS NULL GROUP BY topic ORDER BY topic");
+        "FROM " +
+        table + " WHERE processed_at IS NULL GROUP BY topic ORDER BY topic");
     StatusReport report;
     for (const auto& row : rows) {
       TopicStatus t;
@@ -170,9 +175,11 @@ DeadLetterPage list_dead_letters(const std::string& url, const std::string& tabl
         "SELECT id, topic, aggregate_id, attempts, "
         "  to_char(dead_lettered_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
         "  coalesce(last_error, ''), count(*) OVER () "
-        "FROM " + table + " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
-        "  AND (NOT $2 OR topic = $1) "
-        "ORDER BY id LIMIT $3",
+        "FROM " +
+            table +
+            " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
+            "  AND (NOT $2 OR topic = $1) "
+            "ORDER BY id LIMIT $3",
         topic.value_or(""), topic.has_value(), limit);
     DeadLetterPage page;
     for (const auto& row : rows) {
@@ -200,15 +207,18 @@ IdRanges retry_dead_letters(const std::string& url, const std::string& table, co
     const std::string ids = int_array(selection.ids.data(), selection.ids.data() + selection.ids.size());
     const bool by_ids = !selection.ids.empty();
     return in_batches(*conn, 0, [&](pqxx::work& tx, long long cursor) {
-      auto rows = tx.exec_params(
-          "WITH picked AS (SELECT id FROM " + table + " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
-          "    AND id > $1 AND (NOT $3 OR topic = $2) AND (NOT $5 OR id = ANY($4::bigint[])) "
-          "    ORDER BY id LIMIT $6 FOR UPDATE) "
-          "UPDATE " + table + " AS e SET dead_lettered_at = NULL, attempts = 0, next_attempt_at = '-infinity', "
-          "  lease_owner = NULL, lease_until = NULL "
-          "FROM picked WHERE e.id = picked.id RETURNING e.id",
-          cursor, selection.topic.value_or(""), selection.topic.has_value(), ids, by_ids,
-          static_cast<long long>(kAdminBatch));
+      auto rows =
+          tx.exec_params("WITH picked AS (SELECT id FROM " + table +
+                             " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
+                             "    AND id > $1 AND (NOT $3 OR topic = $2) AND (NOT $5 OR id = ANY($4::bigint[])) "
+                             "    ORDER BY id LIMIT $6 FOR UPDATE) "
+                             "UPDATE " +
+                             table +
+                             " AS e SET dead_lettered_at = NULL, attempts = 0, next_attempt_at = '-infinity', "
+                             "  lease_owner = NULL, lease_until = NULL "
+                             "FROM picked WHERE e.id = picked.id RETURNING e.id",
+                         cursor, selection.topic.value_or(""), selection.topic.has_value(), ids, by_ids,
+                         static_cast<long long>(kAdminBatch));
       if (!rows.empty()) tx.exec_params("SELECT pg_notify($1, '')", channel);
       return rows;
     });
@@ -222,15 +232,17 @@ IdRanges purge_dead_letters(const std::string& url, const std::string& table, st
   try {
     auto conn = open_session(url, "failed purge");
     return in_batches(*conn, 0, [&](pqxx::work& tx, long long cursor) {
-      return tx.exec_params(
-          "DELETE FROM " + table + " WHERE id = ANY(ARRAY("
-          "  SELECT id FROM " + table + " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
-          "    AND dead_lettered_at < now() - $1 * interval '1 millisecond' "
-          "    AND id > $2 AND (NOT $4 OR topic = $3) "
-          "    ORDER BY id LIMIT $5 FOR UPDATE)) "
-          "RETURNING id",
-          static_cast<long long>(older_than.count()), cursor, topic.value_or(""), topic.has_value(),
-          static_cast<long long>(kAdminBatch));
+      return tx.exec_params("DELETE FROM " + table +
+                                " WHERE id = ANY(ARRAY("
+                                "  SELECT id FROM " +
+                                table +
+                                " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
+                                "    AND dead_lettered_at < now() - $1 * interval '1 millisecond' "
+                                "    AND id > $2 AND (NOT $4 OR topic = $3) "
+                                "    ORDER BY id LIMIT $5 FOR UPDATE)) "
+                                "RETURNING id",
+                            static_cast<long long>(older_than.count()), cursor, topic.value_or(""), topic.has_value(),
+                            static_cast<long long>(kAdminBatch));
     });
   } catch (const std::exception& e) {
     fail("failed purge", e, url, table);
@@ -244,12 +256,15 @@ IdRanges replay_processed(const std::string& url, const std::string& table, cons
     const long long last = to_id.value_or(std::numeric_limits<long long>::max());
     return in_batches(*conn, from_id - 1, [&](pqxx::work& tx, long long cursor) {
       auto rows = tx.exec_params(
-          "WITH picked AS (SELECT id FROM " + table + " WHERE processed_at IS NOT NULL "
-          "    AND id > $1 AND id <= $2 AND (NOT $4 OR topic = $3) "
-          "    ORDER BY id LIMIT $5 FOR UPDATE) "
-          "UPDATE " + table + " AS e SET processed_at = NULL, sinks_done = '{}', attempts = 0, "
-          "  next_attempt_at = '-infinity', dead_lettered_at = NULL, lease_owner = NULL, lease_until = NULL "
-          "FROM picked WHERE e.id = picked.id RETURNING e.id",
+          "WITH picked AS (SELECT id FROM " + table +
+              " WHERE processed_at IS NOT NULL "
+              "    AND id > $1 AND id <= $2 AND (NOT $4 OR topic = $3) "
+              "    ORDER BY id LIMIT $5 FOR UPDATE) "
+              "UPDATE " +
+              table +
+              " AS e SET processed_at = NULL, sinks_done = '{}', attempts = 0, "
+              "  next_attempt_at = '-infinity', dead_lettered_at = NULL, lease_owner = NULL, lease_until = NULL "
+              "FROM picked WHERE e.id = picked.id RETURNING e.id",
           cursor, last, topic.value_or(""), topic.has_value(), static_cast<long long>(kAdminBatch));
       if (!rows.empty()) tx.exec_params("SELECT pg_notify($1, '')", channel);
       return rows;
@@ -272,11 +287,12 @@ BacklogProbe::BacklogProbe(std::string url, const std::string& table) : impl_(st
   // Count over the pending partial index; the oldest pending row is the lowest pending id
   // (ids and created_at both come from the insert, and writers cannot set created_at), which
   // the same index finds without a scan.
-  impl_->sql =
-      "SELECT (SELECT count(*) FROM " + table + " WHERE processed_at IS NULL AND dead_lettered_at IS NULL), "
-      "  coalesce((SELECT greatest(extract(epoch FROM now() - created_at), 0)::float8 FROM " + table +
-      "            WHERE processed_at IS NULL AND dead_lettered_at IS NULL ORDER BY id LIMIT 1), 0), "
-      "  pg_notification_queue_usage()::float8";
+  impl_->sql = "SELECT (SELECT count(*) FROM " + table +
+               " WHERE processed_at IS NULL AND dead_lettered_at IS NULL), "
+               "  coalesce((SELECT greatest(extract(epoch FROM now() - created_at), 0)::float8 FROM " +
+               table +
+               "            WHERE processed_at IS NULL AND dead_lettered_at IS NULL ORDER BY id LIMIT 1), 0), "
+               "  pg_notification_queue_usage()::float8";
 }
 
 BacklogProbe::~BacklogProbe() = default;
@@ -323,14 +339,20 @@ RetentionSweeper::RetentionSweeper(std::string url, const std::string& table, st
   // command holds (the next pass, which starts from the oldest, takes them). dead_lettered_at IS
   // NULL is implied (dead letters are never processed) and stated anyway: retention must never
   // delete a dead letter.
-  impl_->sql = "WITH d AS (DELETE FROM " + table + " WHERE id = ANY(ARRAY("
-               "  SELECT id FROM " + table + " WHERE processed_at < now() - $1 * interval '1 millisecond' "
+  impl_->sql = "WITH d AS (DELETE FROM " + table +
+               " WHERE id = ANY(ARRAY("
+               "  SELECT id FROM " +
+               table +
+               " WHERE processed_at < now() - $1 * interval '1 millisecond' "
                "    AND processed_at >= $3::timestamptz AND dead_lettered_at IS NULL "
                "  ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)) RETURNING processed_at) "
                "SELECT count(*), max(processed_at)::text FROM d";
-  impl_->due_sql = "SELECT greatest(0, ceil(1000 * extract(epoch FROM processed_at + $1 * interval '1 millisecond' - "
-                   "now())))::bigint FROM " + table + " WHERE processed_at IS NOT NULL AND dead_lettered_at IS NULL "
-                   "ORDER BY processed_at LIMIT 1";
+  impl_->due_sql =
+      "SELECT greatest(0, ceil(1000 * extract(epoch FROM processed_at + $1 * interval '1 millisecond' - "
+      "now())))::bigint FROM " +
+      table +
+      " WHERE processed_at IS NOT NULL AND dead_lettered_at IS NULL "
+      "ORDER BY processed_at LIMIT 1";
 }
 
 RetentionSweeper::~RetentionSweeper() = default;

@@ -49,8 +49,8 @@ struct OpenWriterStatus {
   std::string query;       // the first 200 characters
   std::string wait_event;  // "type:event", or empty
   double xact_age_seconds = 0;
-  bool lanes_known = false;  // false: it may hold any lane
-  std::vector<int> lanes;    // its lane marks
+  bool lanes_known = false;   // false: it may hold any lane
+  std::vector<int> lanes;     // its lane marks
   long long events_held = 0;  // pending events of its lanes committed since it began
 };
 

@@ -6,8 +6,7 @@ namespace outbox::pg {
 
 ClaimState::SchemaSeen ClaimState::compare(const ClaimFunctions& found, bool at_connect) const {
   SchemaSeen seen;
-  seen.changed =
-      found.plain != functions_.plain || found.floor != functions_.floor || found.lanes != functions_.lanes;
+  seen.changed = found.plain != functions_.plain || found.floor != functions_.floor || found.lanes != functions_.lanes;
   seen.prepare = found.plain && (at_connect || seen.changed);
   return seen;
 }

@@ -108,8 +108,8 @@ class ClaimState {
   ClaimFunctions functions_;
   LaneMask owned_ = 0;
   LaneBounds lanes_;
-  bool fenced_ = false;  // the last claim stopped at an open writer's fence
-  bool quiet_ = false;   // the last poll found nothing new: the next one asks "anything new?" first
+  bool fenced_ = false;      // the last claim stopped at an open writer's fence
+  bool quiet_ = false;       // the last poll found nothing new: the next one asks "anything new?" first
   long long resolved_ = -1;  // every id up to it is committed or gone (the last bound); -1: unknown
   // The claim function's reading of the writers (schema/002): the last id drawn then, and the
   // transactions that held the table's ROW EXCLUSIVE lock then (a text[] literal); -1: none.

@@ -11,7 +11,7 @@ std::string url_database(const std::string& url) {
   std::string database;
   char* error = nullptr;
   std::unique_ptr<PQconninfoOption, decltype(&PQconninfoFree)> options(PQconninfoParse(url.c_str(), &error),
-                                                                      &PQconninfoFree);
+                                                                       &PQconninfoFree);
   if (error) PQfreemem(error);
   std::string user;
   for (auto* o = options.get(); o && o->keyword; ++o) {

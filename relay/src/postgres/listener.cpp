@@ -49,6 +49,18 @@ Watchable look_at_table(pqxx::connection_base& conn, const std::string& table) {
   return {r[0].as<std::string>(), {}};
 }
 
+// look_at_table, where an SQL error means only no watch (the session itself is fine: listen only);
+// a lost connection ends the session.
+Watchable look_or_listen_only(pqxx::connection_base& conn, const std::string& table) {
+  try {
+    return look_at_table(conn, table);
+  } catch (const pqxx::broken_connection&) {
+    throw;
+  } catch (const pqxx::sql_error& e) {
+    return {std::nullopt, describe_error(e)};
+  }
+}
+
 // One statement that returns once the sequence passed $2 (its last value), or after $3 reads
 // $4 seconds apart (0 then, if nothing was drawn). The backend sleeps between reads; the sequence
 // is read outside any snapshot, so the statement sees ids as they are drawn.
@@ -112,88 +124,85 @@ void Listener::interrupt() {
   });
 }
 
+// One LISTEN session, until the bell stops (returns) or the connection fails (throws): listens,
+// and while the relay is idle, watches the id sequence. Tells reconnect once it is connected.
+void Listener::session(Reconnect& reconnect, const WatchStatement& statement) {
+  auto conn = open_session(url_, "listener");
+  ensure_own_backend(*conn, url_);            // LISTEN on a pooled backend would hear nothing for us
+  Receiver receiver(*conn, channel_, bell_);  // issues LISTEN, committed at once
+  if (reconnect.connected() == 0) log::info("listening", {{"channel", channel_}});
+  bell_.ring(WakeSource::kStartup);  // catch up on whatever was committed before LISTEN
+
+  struct NoWatcher {  // whatever ends this session
+    Bell& bell;
+    ~NoWatcher() { bell.set_watcher(false); }
+  } no_watcher{bell_};
+  if (watch_.enabled) {
+    conn->prepare("watch", kWatchSql);
+    pqxx::nontransaction(*conn).exec0("SET statement_timeout = 0");  // a watch lasts ~watch.length
+  }
+  IdleWatch idle(watch_.enabled);
+  for (;;) {
+    // Drained before the bell and the offer are read: a stop or an offer made after this makes
+    // it readable again, so the wait below cannot miss either.
+    bell_.drain_watcher_fd();
+    if (bell_.stopped()) break;
+    if (idle.look_due(clock_.now())) {
+      const Watchable w = look_or_listen_only(*conn, watch_.table);
+      if (idle.looked(clock_.now(), w.sequence)) {
+        log::debug("no idle watch on this LISTEN session; the relay polls", {{"reason", w.why_not}});
+      }
+      bell_.set_watcher(idle.watching());
+    }
+    const auto after = idle.watching() ? idle.watch_above(bell_.watch_offer()) : std::nullopt;
+    if (!after) {
+      conn->get_notifs();  // any that libpq read with the last statement
+      wait_readable(conn->sock(), bell_.watcher_fd());
+      conn->get_notifs();
+      continue;
+    }
+    long long last = 0;
+    try {
+      {
+        std::lock_guard lock(watching_mutex_);
+        watching_ = conn.get();
+      }
+      struct NotWatching {
+        Listener& l;
+        ~NotWatching() {
+          std::lock_guard lock(l.watching_mutex_);
+          l.watching_ = nullptr;
+        }
+      } not_watching{*this};
+      if (bell_.stopped()) break;
+      pqxx::nontransaction q(*conn);
+      last = q.exec_prepared1("watch", *idle.sequence(), *after, statement.checks, statement.check_seconds)[0]
+                 .as<long long>();
+    } catch (const pqxx::broken_connection&) {
+      throw;
+    } catch (const pqxx::sql_error& e) {
+      if (bell_.stopped()) break;  // interrupt(): the statement was cancelled
+      // A sequence dropped, a role's statement_timeout, ...: listen only, look again later.
+      log::warn("idle watch failed; the relay polls instead", {{"error", describe_error(e)}});
+      idle.watch_failed();
+      bell_.set_watcher(false);
+      continue;
+    }
+    conn->get_notifs();  // what arrived during the statement
+    if (IdleWatch::new_id(last, *after)) bell_.ring_watch(*after);
+  }
+}
+
 void Listener::run() {
   std::mt19937 rng{std::random_device{}()};
   std::uniform_real_distribution<double> jitter(0.0, 1.0);
   const HintContext hints{url_user(url_), {}};
   const WatchStatement statement = watch_statement(watch_.check, watch_.length);
-  Reconnect reconnect({"listener", "LISTEN session lost, will reconnect", "LISTEN session restored"}, reconnect_,
-                      bell_, clock_, metrics_, health_.listener_up, health_.listener_error,
-                      [&] { return jitter(rng); });
+  Reconnect reconnect({"listener", "LISTEN session lost, will reconnect", "LISTEN session restored"}, reconnect_, bell_,
+                      clock_, metrics_, health_.listener_up, health_.listener_error, [&] { return jitter(rng); });
   reconnect.run([&] {
-    translate_errors("LISTEN session", [&] {
-      auto conn = open_session(url_, "listener");
-      ensure_own_backend(*conn, url_);  // LISTEN on a pooled backend would hear nothing for us
-      Receiver receiver(*conn, channel_, bell_);  // issues LISTEN, committed at once
-      if (reconnect.connected() == 0) log::info("listening", {{"channel", channel_}});
-      bell_.ring(WakeSource::kStartup);  // catch up on whatever was committed before LISTEN
-
-      struct NoWatcher {  // whatever ends this session
-        Bell& bell;
-        ~NoWatcher() { bell.set_watcher(false); }
-      } no_watcher{bell_};
-      if (watch_.enabled) {
-        conn->prepare("watch", kWatchSql);
-        pqxx::nontransaction(*conn).exec0("SET statement_timeout = 0");  // a watch lasts ~watch.length
-      }
-      IdleWatch idle(watch_.enabled);
-      for (;;) {
-        // Drained before the bell and the offer are read: a stop or an offer made after this makes
-        // it readable again, so the wait below cannot miss either.
-        bell_.drain_watcher_fd();
-        if (bell_.stopped()) break;
-        if (idle.look_due(clock_.now())) {
-          Watchable w;
-          try {
-            w = look_at_table(*conn, watch_.table);
-          } catch (const pqxx::broken_connection&) {
-            throw;
-          } catch (const pqxx::sql_error& e) {  // listen only: the session itself is fine
-            w.why_not = describe_error(e);
-          }
-          if (idle.looked(clock_.now(), w.sequence)) {
-            log::debug("no idle watch on this LISTEN session; the relay polls", {{"reason", w.why_not}});
-          }
-          bell_.set_watcher(idle.watching());
-        }
-        const auto after = idle.watching() ? idle.watch_above(bell_.watch_offer()) : std::nullopt;
-        if (!after) {
-          conn->get_notifs();  // any that libpq read with the last statement
-          wait_readable(conn->sock(), bell_.watcher_fd());
-          conn->get_notifs();
-          continue;
-        }
-        long long last = 0;
-        try {
-          {
-            std::lock_guard lock(watching_mutex_);
-            watching_ = conn.get();
-          }
-          struct NotWatching {
-            Listener& l;
-            ~NotWatching() {
-              std::lock_guard lock(l.watching_mutex_);
-              l.watching_ = nullptr;
-            }
-          } not_watching{*this};
-          if (bell_.stopped()) break;
-          pqxx::nontransaction q(*conn);
-          last = q.exec_prepared1("watch", *idle.sequence(), *after, statement.checks, statement.check_seconds)[0]
-                     .as<long long>();
-        } catch (const pqxx::broken_connection&) {
-          throw;
-        } catch (const pqxx::sql_error& e) {
-          if (bell_.stopped()) break;  // interrupt(): the statement was cancelled
-          // A sequence dropped, a role's statement_timeout, ...: listen only, look again later.
-          log::warn("idle watch failed; the relay polls instead", {{"error", describe_error(e)}});
-          idle.watch_failed();
-          bell_.set_watcher(false);
-          continue;
-        }
-        conn->get_notifs();  // what arrived during the statement
-        if (IdleWatch::new_id(last, *after)) bell_.ring_watch(*after);
-      }
-    }, hints);
+    translate_errors(
+        "LISTEN session", [&] { session(reconnect, statement); }, hints);
   });
   health_.listener_up = false;
 }

@@ -22,6 +22,8 @@
 #include "core/clock.hpp"
 #include "core/health.hpp"
 #include "core/metrics.hpp"
+#include "core/reconnect.hpp"
+#include "postgres/idle_watch.hpp"
 
 namespace pqxx {
 class connection_base;
@@ -40,8 +42,8 @@ struct WatchOptions {
 class Listener {
  public:
   // Everything is borrowed and must outlive the listener; the clock is read on its thread.
-  Listener(std::string url, std::string channel, Bell& bell, Health& health, Metrics& metrics,
-           BackoffPolicy reconnect, const Clock& clock, WatchOptions watch);
+  Listener(std::string url, std::string channel, Bell& bell, Health& health, Metrics& metrics, BackoffPolicy reconnect,
+           const Clock& clock, WatchOptions watch);
   ~Listener();  // joins; the thread ends once the bell is stopped
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
@@ -58,6 +60,7 @@ class Listener {
 
  private:
   void run();
+  void session(Reconnect& reconnect, const WatchStatement& statement);
 
   std::string url_;
   std::string channel_;

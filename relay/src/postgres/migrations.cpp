@@ -43,8 +43,7 @@ std::string render_migration(const std::string& sql, const std::string& table, c
   return out;
 }
 
-MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel,
-                      int to_version) {
+MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel, int to_version) {
   for (int attempt = 1;; ++attempt) {
     try {
       auto conn = open_session(url, "migrate");
@@ -78,11 +77,13 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
         throw std::runtime_error("migrate failed: the table stayed locked by other transactions through " +
                                  std::to_string(kMigrateLockTries) +
                                  " tries; look for long-running transactions on it (pg_stat_activity) and "
-                                 "run migrate again: " + describe_error(e));
+                                 "run migrate again: " +
+                                 describe_error(e));
       }
       // Writers go on meanwhile; a little jitter so that two migrate runs do not keep colliding.
       static thread_local std::mt19937 rng{std::random_device{}()};
-      std::this_thread::sleep_for(kMigrateRetryPause + std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 99)(rng)));
+      std::this_thread::sleep_for(kMigrateRetryPause +
+                                  std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 99)(rng)));
     } catch (const std::exception& e) {
       throw migrate_failure(e, url, table);
     }

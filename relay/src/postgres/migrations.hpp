@@ -31,7 +31,6 @@ struct MigrateResult {
 inline constexpr std::chrono::milliseconds kMigrateLockTimeout{100};
 inline constexpr std::chrono::milliseconds kMigrateRetryPause{200};
 inline constexpr int kMigrateLockTries = 100;
-MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel,
-                      int to_version = 0);
+MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel, int to_version = 0);
 
 }  // namespace outbox::pg

@@ -1,13 +1,13 @@
 #include "postgres/pg_store.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <ctime>
-#include <atomic>
-#include <nlohmann/json.hpp>
 #include <limits>
-#include <random>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 
 #include "core/lane_bounds.hpp"
@@ -27,9 +27,7 @@ int advisory_key(const std::string& text) {
   return static_cast<int>(h & 0x7fffffff);
 }
 
-long long fence_tag(const std::string& table) {
-  return advisory_key("outbox-relay:fence:" + table) & 0x3fffff;
-}
+long long fence_tag(const std::string& table) { return advisory_key("outbox-relay:fence:" + table) & 0x3fffff; }
 
 WriterMarkKeys writer_mark_keys(const std::string& table) {
   return {advisory_key("outbox-relay:writer-lanes:" + table), advisory_key("outbox-relay:writer-statements:" + table)};
@@ -54,7 +52,7 @@ std::string rfc3339_utc(long long epoch_us) {
 
 struct PgStore::Impl {
   PgStoreOptions opt;
-  HintContext hints;  // names for the operator's hint
+  HintContext hints;                            // names for the operator's hint
   std::unique_ptr<pqxx::connection> conn;       // claims, lanes, membership: the loop thread
   std::unique_ptr<pqxx::connection> done_conn;  // complete(): may run beside a claim
   int member_ns = 0;
@@ -81,7 +79,7 @@ struct PgStore::Impl {
   std::map<std::string, Warned> warned;  // by vxid, the writers holding events back now
 
   std::vector<Event> claim_with_function(std::size_t limit, bool probe, std::span<const Completion> completions,
-                                        long long floor);
+                                         long long floor);
   std::vector<Event> claim_with_statements(std::size_t limit);
   // Schema 5: reads the writers first when due (LaneBounds::reading_due), then claims.
   std::vector<Event> claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe,
@@ -130,8 +128,10 @@ struct PgStore::Impl {
       ensure_own_backend(c, opt.url);
     } catch (const TransactionPoolerDetected& e) {
       if (opt.health && !opt.health->transaction_pooler.exchange(true)) {
-        log::error("refusing to work through a transaction pooler; not claiming until database.url leads to a "
-                   "session of our own", {{"error", e.what()}});
+        log::error(
+            "refusing to work through a transaction pooler; not claiming until database.url leads to a "
+            "session of our own",
+            {{"error", e.what()}});
       }
       throw;
     }
@@ -146,8 +146,11 @@ namespace {
 // the sweep's look (schema 2's claim function states the same in SQL).
 std::string claimable_rows(const std::string& owner, const std::string& lanes) {
   return "c.processed_at IS NULL AND c.dead_lettered_at IS NULL AND c.next_attempt_at <= now() "
-         "AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM " + owner + ")) "
-         "AND c.lane = ANY(" + lanes + "::smallint[]) ";
+         "AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM " +
+         owner +
+         ")) "
+         "AND c.lane = ANY(" +
+         lanes + "::smallint[]) ";
 }
 
 // Reads the columns shared by both claim forms: id, topic, key, payload, headers, created_at,
@@ -200,8 +203,8 @@ EncodedCompletions encode_completions(std::span<const Completion> completions) {
       delivered.push_back(c.id);
       continue;
     }
-    nlohmann::json item{{"id", c.id}, {"kind", completion_kind(c.kind)}, {"delay_ms", c.delay.count()},
-                        {"sinks_done", c.sinks_done}};
+    nlohmann::json item{
+        {"id", c.id}, {"kind", completion_kind(c.kind)}, {"delay_ms", c.delay.count()}, {"sinks_done", c.sinks_done}};
     if (!c.error.empty()) item["error"] = c.error.substr(0, 2000);
     others.push_back(std::move(item));
   }
@@ -298,10 +301,11 @@ void PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
                                       "$11::bigint[], $12::bigint[])");
       c.prepare("writers", "SELECT * FROM " + function_prefix(opt.table) + "_writers()");
       // The committed events of held lanes above their bounds (the metrics' held events).
-      c.prepare("held_count", "SELECT c.lane, count(*) FROM " + opt.table + " AS c "
-                              "WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
-                              "AND c.lane = ANY($1::smallint[]) AND c.id > $2 AND c.id <= $3 "
-                              "AND c.id > ($4::bigint[])[c.lane + 1] GROUP BY c.lane");
+      c.prepare("held_count", "SELECT c.lane, count(*) FROM " + opt.table +
+                                  " AS c "
+                                  "WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
+                                  "AND c.lane = ANY($1::smallint[]) AND c.id > $2 AND c.id <= $3 "
+                                  "AND c.id > ($4::bigint[])[c.lane + 1] GROUP BY c.lane");
     }
     if (with_floor) {
       c.prepare("claim_fn_floor", "SELECT * FROM " + name +
@@ -318,13 +322,16 @@ void PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
   }
   if (!at_connect && seen.changed && found) {
     log::info("schema upgraded: claiming through " + name + "()" +
-                  (with_lanes ? " lane by lane" : with_floor ? " with a floor" : ""),
+                  (with_lanes   ? " lane by lane"
+                   : with_floor ? " with a floor"
+                                : ""),
               {{"table", opt.table}});
   }
   if (!found && at_connect) {
-    log::warn("the outbox schema is at version 1: run `outbox-relay migrate`; until then each claim takes two "
-              "statements and writers pay for the NOTIFY trigger",
-              {{"table", opt.table}});
+    log::warn(
+        "the outbox schema is at version 1: run `outbox-relay migrate`; until then each claim takes two "
+        "statements and writers pay for the NOTIFY trigger",
+        {{"table", opt.table}});
   }
   state.use(functions, seen);
 }
@@ -339,23 +346,28 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   // One statement: choose due, unleased rows of our lanes in id order, skipping rows locked by a
   // concurrent claim or operator tool, and not overtaking an earlier event of the same key that
   // waits for a retry (head-of-line per key); lease them; commit at once.
-  impl_->claim_sql =
-      "UPDATE " + t + " AS e SET lease_owner = $1, lease_until = now() + $2 * interval '1 millisecond' "
-      // By id = ANY(array), primary-key lookups: a join to the chosen rows may be planned, on an
-      // empty table's statistics, as a walk of the whole table per claim (schema/003).
-      "WHERE e.id = ANY(ARRAY(SELECT c.id FROM " + t + " AS c "
-      "       WHERE " + claimable_rows("$1", "$3") +
-      "         AND c.id <= $5 "
-      "         AND NOT EXISTS (SELECT 1 FROM " + t + " AS b "
-      "                          WHERE b.aggregate_id = c.aggregate_id AND b.id < c.id "
-      "                            AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL "
-      "                            AND b.attempts > 0 AND b.next_attempt_at > now()) "
-      "       ORDER BY c.id LIMIT $4 FOR UPDATE SKIP LOCKED)) "
-      // The lease need not survive a database crash (kNoFlushWait).
-      + kNoFlushWait +
-      "RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, "
-      "  to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
-      "  (extract(epoch FROM e.created_at) * 1000000)::int8, e.attempts, e.sinks_done";
+  impl_->claim_sql = "UPDATE " + t +
+                     " AS e SET lease_owner = $1, lease_until = now() + $2 * interval '1 millisecond' "
+                     // By id = ANY(array), primary-key lookups: a join to the chosen rows may be planned, on an
+                     // empty table's statistics, as a walk of the whole table per claim (schema/003).
+                     "WHERE e.id = ANY(ARRAY(SELECT c.id FROM " +
+                     t +
+                     " AS c "
+                     "       WHERE " +
+                     claimable_rows("$1", "$3") +
+                     "         AND c.id <= $5 "
+                     "         AND NOT EXISTS (SELECT 1 FROM " +
+                     t +
+                     " AS b "
+                     "                          WHERE b.aggregate_id = c.aggregate_id AND b.id < c.id "
+                     "                            AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL "
+                     "                            AND b.attempts > 0 AND b.next_attempt_at > now()) "
+                     "       ORDER BY c.id LIMIT $4 FOR UPDATE SKIP LOCKED)) "
+                     // The lease need not survive a database crash (kNoFlushWait).
+                     + kNoFlushWait +
+                     "RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, "
+                     "  to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
+                     "  (extract(epoch FROM e.created_at) * 1000000)::int8, e.attempts, e.sinks_done";
   // The claim bound: min(the smallest fence of the writers open now, the last id drawn so far),
   // read in a statement of its own before the claim statement takes its snapshot. Every id at or
   // below it was drawn by a transaction that is no longer open (an open one would hold a fence
@@ -371,7 +383,9 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "                                9223372036854775807) "
       "                FROM pg_locks AS l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
       "                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-      "                AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " + std::to_string(fence_tag(t)) + ") "
+      "                AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " +
+      std::to_string(fence_tag(t)) +
+      ") "
       "     , to_regprocedure($2) IS NOT NULL "
       "FROM (SELECT coalesce(pg_sequence_last_value($1::regclass), 0) AS last OFFSET 0) AS v";
   // Complete: one autocommit statement (one round trip, one commit) for a whole batch: $1 the
@@ -379,14 +393,17 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   // data-modifying CTEs still run. The commit does not wait for the WAL flush (kNoFlushWait): the
   // drain waits for this statement before it claims again, so a flush stalled by other I/O
   // (100-400 ms on a busy VM) held back every event behind it.
-  const std::string done_sql =
-      impl_->opt.delete_on_success
-          ? "DELETE FROM " + t + " WHERE id = ANY($1::bigint[])"
-          : "UPDATE " + t + " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
-            "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL";
+  const std::string done_sql = impl_->opt.delete_on_success
+                                   ? "DELETE FROM " + t + " WHERE id = ANY($1::bigint[])"
+                                   : "UPDATE " + t +
+                                         " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
+                                         "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL";
   impl_->complete_sql =
-      "WITH done AS (" + done_sql + "), failed AS ("
-      "UPDATE " + t + " AS e SET "
+      "WITH done AS (" + done_sql +
+      "), failed AS ("
+      "UPDATE " +
+      t +
+      " AS e SET "
       "  attempts = e.attempts + CASE WHEN r.kind = 'release' THEN 0 ELSE 1 END, "
       "  next_attempt_at = CASE WHEN r.kind = 'retry' THEN now() + r.delay_ms * interval '1 millisecond' "
       "                         ELSE e.next_attempt_at END, "
@@ -424,8 +441,9 @@ std::optional<long long> PgStore::first_claimable(long long after, long long upt
     // since the last vacuum (17-22 ms per step at 16,600 events/s, measured), which is what the
     // steps are meant to spread out.
     pqxx::work tx(*im.conn);
-    tx.exec0("SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; "
-             "SET LOCAL enable_bitmapscan = off");
+    tx.exec0(
+        "SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; "
+        "SET LOCAL enable_bitmapscan = off");
     const auto r = tx.exec_prepared("sweep_look", im.opt.instance_id, im.owned_literal, after, upto);
     tx.commit();
     if (r.empty()) return std::nullopt;
@@ -442,40 +460,43 @@ void PgStore::disconnect() {
 
 void PgStore::connect() {
   if (impl_->conn) return;
-  translate_errors("connect", [&] {
-    auto conn = open_session(impl_->opt.url, "worker");
-    impl_->check_own_backend(*conn);  // before any lock or prepared statement
-    conn->prepare("claim", impl_->claim_sql);
-    {
-      pqxx::nontransaction q(*conn);
-      // Every statement of this session reads a narrow id range or a partial index; a new or
-      // truncated table has no statistics yet, and a prepared statement planned then (a sequential
-      // scan) would be kept until an analyze. Index scans only (schema 2's claim function says so
-      // itself).
-      q.exec0("SET enable_seqscan = off");
-      const auto seq = q.exec_params1("SELECT pg_get_serial_sequence($1, 'id')", impl_->opt.table);
-      if (seq[0].is_null()) {
-        throw StoreUnavailable("table " + impl_->opt.table + " has no id sequence: run `outbox-relay migrate`",
-                               DbErrorClass::kUndefinedObject);
-      }
-      impl_->sequence = seq[0].as<std::string>();
-    }
-    conn->prepare("fence", impl_->fence_sql);
-    impl_->find_claim_function(*conn, true);
-    // Membership: one advisory lock per live instance, counted by every peer in pg_locks.
-    pqxx::nontransaction tx(*conn);
-    std::uniform_int_distribution<int> pick(1, 0x7ffffffe);
-    for (int tries = 0;; ++tries) {
-      const int id = pick(impl_->rng);
-      if (tx.exec_params1("SELECT pg_try_advisory_lock($1, $2)", impl_->member_ns, id)[0].as<bool>()) {
-        impl_->member_id = id;
-        break;
-      }
-      if (tries > 100) throw StoreUnavailable("could not take a membership lock");
-    }
-    impl_->conn = std::move(conn);
-    impl_->set_owned({});
-  }, impl_->hints);
+  translate_errors(
+      "connect",
+      [&] {
+        auto conn = open_session(impl_->opt.url, "worker");
+        impl_->check_own_backend(*conn);  // before any lock or prepared statement
+        conn->prepare("claim", impl_->claim_sql);
+        {
+          pqxx::nontransaction q(*conn);
+          // Every statement of this session reads a narrow id range or a partial index; a new or
+          // truncated table has no statistics yet, and a prepared statement planned then (a sequential
+          // scan) would be kept until an analyze. Index scans only (schema 2's claim function says so
+          // itself).
+          q.exec0("SET enable_seqscan = off");
+          const auto seq = q.exec_params1("SELECT pg_get_serial_sequence($1, 'id')", impl_->opt.table);
+          if (seq[0].is_null()) {
+            throw StoreUnavailable("table " + impl_->opt.table + " has no id sequence: run `outbox-relay migrate`",
+                                   DbErrorClass::kUndefinedObject);
+          }
+          impl_->sequence = seq[0].as<std::string>();
+        }
+        conn->prepare("fence", impl_->fence_sql);
+        impl_->find_claim_function(*conn, true);
+        // Membership: one advisory lock per live instance, counted by every peer in pg_locks.
+        pqxx::nontransaction tx(*conn);
+        std::uniform_int_distribution<int> pick(1, 0x7ffffffe);
+        for (int tries = 0;; ++tries) {
+          const int id = pick(impl_->rng);
+          if (tx.exec_params1("SELECT pg_try_advisory_lock($1, $2)", impl_->member_ns, id)[0].as<bool>()) {
+            impl_->member_id = id;
+            break;
+          }
+          if (tries > 100) throw StoreUnavailable("could not take a membership lock");
+        }
+        impl_->conn = std::move(conn);
+        impl_->set_owned({});
+      },
+      impl_->hints);
 }
 
 bool PgStore::rebalance() {
@@ -539,7 +560,8 @@ bool PgStore::rebalance() {
       return !gained.empty();
     }();
     const auto& functions = im.state.functions();
-    if (!functions.plain || !functions.floor || !functions.lanes) {  // before schema 5: look for the newer claim function
+    if (!functions.plain || !functions.floor ||
+        !functions.lanes) {  // before schema 5: look for the newer claim function
       im.find_claim_function(*im.conn, false);
     }
     return gained_any;
@@ -567,7 +589,7 @@ std::vector<Event> PgStore::claim_or_probe(std::size_t limit, bool probe, std::s
   if (im.owned.empty()) return {};
   return im.on_worker("claim", [&] {
     auto events = im.state.by_function() ? im.claim_with_function(limit, probe, completions, floor)
-                              : im.claim_with_statements(limit);
+                                         : im.claim_with_statements(limit);
     std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.id < b.id; });
     return events;
   });
@@ -581,11 +603,11 @@ std::optional<std::chrono::milliseconds> PgStore::retry_due_in() {
     // The retry index's predicate: a walk of the events that failed and still wait (at most one
     // per key: later events of a key are not attempted while an earlier one waits).
     pqxx::nontransaction tx(*im.conn);
-    const auto r = tx.exec_params1(
-        "SELECT ceil(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int8 FROM " + im.opt.table +
-            " WHERE processed_at IS NULL AND dead_lettered_at IS NULL AND attempts > 0 "
-            "AND next_attempt_at > now() AND lane = ANY($1::smallint[])",
-        im.owned_literal);
+    const auto r = tx.exec_params1("SELECT ceil(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int8 FROM " +
+                                       im.opt.table +
+                                       " WHERE processed_at IS NULL AND dead_lettered_at IS NULL AND attempts > 0 "
+                                       "AND next_attempt_at > now() AND lane = ANY($1::smallint[])",
+                                   im.owned_literal);
     if (r[0].is_null()) return std::nullopt;
     return std::chrono::milliseconds(r[0].as<long long>());
   });
@@ -600,14 +622,14 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
   const EncodedCompletions encoded = encode_completions(completions);
   if (state.by_lanes()) return claim_with_lanes(tx, limit, probe, encoded.delivered, encoded.others, floor);
   const auto lease_ms = static_cast<long long>(opt.lease.count());
-  const auto rows = state.functions().floor
-                        ? tx.exec_prepared("claim_fn_floor", opt.instance_id, lease_ms, owned_literal,
-                                           static_cast<int>(limit), state.resolved(), probe, encoded.delivered,
-                                           encoded.others, opt.delete_on_success, state.reading_last(),
-                                           state.reading_holders(), floor)
-                        : tx.exec_prepared("claim_fn", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
-                                           state.resolved(), probe, encoded.delivered, encoded.others,
-                                           opt.delete_on_success, state.reading_last(), state.reading_holders());
+  const auto rows =
+      state.functions().floor
+          ? tx.exec_prepared("claim_fn_floor", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
+                             state.resolved(), probe, encoded.delivered, encoded.others, opt.delete_on_success,
+                             state.reading_last(), state.reading_holders(), floor)
+          : tx.exec_prepared("claim_fn", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
+                             state.resolved(), probe, encoded.delivered, encoded.others, opt.delete_on_success,
+                             state.reading_last(), state.reading_holders());
   return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
     const std::optional<long long> reading_last =
         row[11].is_null() ? std::nullopt : std::optional<long long>(row[11].as<long long>());
@@ -631,10 +653,10 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
   const bool uniform = lanes.uniform();
   const std::string known = uniform ? std::string() : lane_literal(lanes.known());
   const std::string covered = uniform ? std::string() : lane_literal(lanes.covered());
-  const auto rows = tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()),
-                                     owned_literal, static_cast<int>(limit), lanes.resolved(), probe, delivered,
-                                     others, opt.delete_on_success, floor, uniform ? nullptr : known.c_str(),
-                                     uniform ? nullptr : covered.c_str());
+  const auto rows =
+      tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()), owned_literal,
+                       static_cast<int>(limit), lanes.resolved(), probe, delivered, others, opt.delete_on_success,
+                       floor, uniform ? nullptr : known.c_str(), uniform ? nullptr : covered.c_str());
   now = std::chrono::steady_clock::now();
   return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
     const auto lane_bounds = row[11].is_null() ? std::nullopt : std::optional<LaneIds>(parse_lane_ids(row[11].c_str()));
@@ -689,8 +711,9 @@ void PgStore::Impl::report_holds(pqxx::nontransaction& tx, std::chrono::steady_c
       lanes_held.push_back(lane);
       low = low < 0 ? lanes.covered()[lane] : std::min(low, lanes.covered()[lane]);
     }
-    for (const auto& row : tx.exec_prepared("held_count", int_array(lanes_held.data(), lanes_held.data() + lanes_held.size()),
-                                            low, lanes.last_id(), lane_literal(lanes.covered()))) {
+    for (const auto& row :
+         tx.exec_prepared("held_count", int_array(lanes_held.data(), lanes_held.data() + lanes_held.size()), low,
+                          lanes.last_id(), lane_literal(lanes.covered()))) {
       per_lane[row[0].as<int>()] = row[1].as<std::size_t>();
     }
   }
@@ -713,17 +736,18 @@ void PgStore::Impl::report_holds(pqxx::nontransaction& tx, std::chrono::steady_c
     if (now - mark.first_seen >= opt.writer_hold_warning &&
         (!mark.warned_at || now - *mark.warned_at >= kWriterWarningEvery)) {
       mark.warned_at = now;
-      log::warn("an open writer transaction holds back events; it ends when the writer commits or rolls back "
-                "(docs/operations.md, \"An event stream stalled: find the writer\")",
-                {{"pid", w->pid},
-                 {"application_name", w->application},
-                 {"client_addr", w->client_addr},
-                 {"state", w->state.empty() ? "not visible (see schema/005: pg_read_all_stats)" : w->state},
-                 {"transaction_age_seconds", w->xact_age_seconds},
-                 {"query", w->query},
-                 {"lanes", describe_lanes(h.lanes)},
-                 {"events_held", h.events},
-                 {"lanes_known", w->complete}});
+      log::warn(
+          "an open writer transaction holds back events; it ends when the writer commits or rolls back "
+          "(docs/operations.md, \"An event stream stalled: find the writer\")",
+          {{"pid", w->pid},
+           {"application_name", w->application},
+           {"client_addr", w->client_addr},
+           {"state", w->state.empty() ? "not visible (see schema/005: pg_read_all_stats)" : w->state},
+           {"transaction_age_seconds", w->xact_age_seconds},
+           {"query", w->query},
+           {"lanes", describe_lanes(h.lanes)},
+           {"events_held", h.events},
+           {"lanes_known", w->complete}});
     }
     still.emplace(w->vxid, mark);
     next.writers.push_back(std::move(h));
@@ -747,9 +771,9 @@ std::vector<Event> PgStore::Impl::claim_with_statements(std::size_t limit) {
     if (!bound[2].as<bool>()) {
       const long long last_id = bound[0].as<long long>();
       const long long fence = bound[1].as<long long>();
-      const auto rows = tx.exec_prepared("claim", opt.instance_id, static_cast<long long>(opt.lease.count()),
-                                         owned_literal, static_cast<long long>(limit),
-                                         ClaimState::statement_bound(last_id, fence));
+      const auto rows =
+          tx.exec_prepared("claim", opt.instance_id, static_cast<long long>(opt.lease.count()), owned_literal,
+                           static_cast<long long>(limit), ClaimState::statement_bound(last_id, fence));
       state.statements_claimed(limit, rows.size(), last_id, fence);
       events.reserve(rows.size());
       for (const auto& row : rows) events.push_back(event_from_row(row));
@@ -769,19 +793,22 @@ void PgStore::complete(std::span<const Completion> completions) {
   auto& im = *impl_;
   const EncodedCompletions encoded = encode_completions(completions);
   try {
-    translate_errors("complete", [&] {
-      if (!im.done_conn) {
-        auto conn = open_session(im.opt.url, "completer");
-        // As the worker session (connect()): by id = ANY(array), never a sequential scan, even with
-        // a plan made while the table had no statistics (a new or truncated table: 430 ms per
-        // batch of 500 in a drain of 200,000 events beside a stream, measured).
-        pqxx::nontransaction(*conn).exec0("SET enable_seqscan = off");
-        conn->prepare("complete", im.complete_sql);
-        im.done_conn = std::move(conn);
-      }
-      pqxx::nontransaction tx(*im.done_conn);
-      tx.exec_prepared1("complete", encoded.delivered, encoded.others);
-    }, im.hints);
+    translate_errors(
+        "complete",
+        [&] {
+          if (!im.done_conn) {
+            auto conn = open_session(im.opt.url, "completer");
+            // As the worker session (connect()): by id = ANY(array), never a sequential scan, even with
+            // a plan made while the table had no statistics (a new or truncated table: 430 ms per
+            // batch of 500 in a drain of 200,000 events beside a stream, measured).
+            pqxx::nontransaction(*conn).exec0("SET enable_seqscan = off");
+            conn->prepare("complete", im.complete_sql);
+            im.done_conn = std::move(conn);
+          }
+          pqxx::nontransaction tx(*im.done_conn);
+          tx.exec_prepared1("complete", encoded.delivered, encoded.others);
+        },
+        im.hints);
   } catch (const StoreUnavailable&) {
     im.done_conn.reset();  // only this session: a claim may be using the other one
     throw;
@@ -791,15 +818,18 @@ void PgStore::complete(std::span<const Completion> completions) {
 bool PgStore::release_leases() {
   auto& im = *impl_;
   try {
-    translate_errors("release leases", [&] {
-      if (!im.conn) im.conn = open_session(im.opt.url, "worker");
-      pqxx::nontransaction tx(*im.conn);
-      tx.exec_params("UPDATE " + im.opt.table +
-                         " SET lease_owner = NULL, lease_until = NULL "
-                         "WHERE lease_owner = $1 AND processed_at IS NULL AND dead_lettered_at IS NULL" +
-                         kNoFlushWait,
-                     im.opt.instance_id);
-    }, im.hints);
+    translate_errors(
+        "release leases",
+        [&] {
+          if (!im.conn) im.conn = open_session(im.opt.url, "worker");
+          pqxx::nontransaction tx(*im.conn);
+          tx.exec_params("UPDATE " + im.opt.table +
+                             " SET lease_owner = NULL, lease_until = NULL "
+                             "WHERE lease_owner = $1 AND processed_at IS NULL AND dead_lettered_at IS NULL" +
+                             kNoFlushWait,
+                         im.opt.instance_id);
+        },
+        im.hints);
     return true;
   } catch (const StoreUnavailable& e) {
     log::warn("could not release leases at shutdown; they expire on their own", {{"error", e.what()}});

@@ -43,8 +43,8 @@ constexpr std::array kConnectionMessages{
     Rule{"no pg_hba.conf entry", DbErrorClass::kAuthentication},
     Rule{"is not permitted to log in", DbErrorClass::kAuthentication},
     Rule{"authentication failed for user", DbErrorClass::kAuthentication},  // ident, peer, ...
-    Rule{"does not exist", DbErrorClass::kConfiguration},  // refined below: role or database
-    Rule{"permission denied for database", DbErrorClass::kPrivilege},  // no CONNECT privilege
+    Rule{"does not exist", DbErrorClass::kConfiguration},                   // refined below: role or database
+    Rule{"permission denied for database", DbErrorClass::kPrivilege},       // no CONNECT privilege
 };
 
 }  // namespace
@@ -78,17 +78,18 @@ std::string operator_hint(DbErrorClass kind, const std::string& user, const std:
   const std::string role = user.empty() ? "<the login role of database.url>" : user;
   switch (kind) {
     case DbErrorClass::kTransient:
-    case DbErrorClass::kOther:
-      return {};
+    case DbErrorClass::kOther: return {};
     case DbErrorClass::kPrivilege:
       return "the login role lacks the relay's privileges on " + table + ": GRANT outbox_relay TO " + role +
              " (the role outbox_relay comes with `outbox-relay migrate`; a role without CONNECT on the database "
              "also needs GRANT CONNECT ON DATABASE)";
     case DbErrorClass::kUndefinedObject:
-      return "the outbox schema for " + table + " is missing or older than this relay: run `outbox-relay migrate` "
+      return "the outbox schema for " + table +
+             " is missing or older than this relay: run `outbox-relay migrate` "
              "with the same config, or check database.table";
     case DbErrorClass::kAuthentication:
-      return "the server refused the login of " + role + ": check the password (database.url, PGPASSWORD or the "
+      return "the server refused the login of " + role +
+             ": check the password (database.url, PGPASSWORD or the "
              "secret it comes from) and pg_hba.conf";
     case DbErrorClass::kConfiguration:
       return "the database named in database.url does not exist or was dropped: check database.url";

@@ -8,9 +8,8 @@ namespace outbox::sinks {
 namespace {
 
 // CloudEvents 1.0 context attributes, and the structured mode's data members.
-constexpr std::array<std::string_view, 10> kReserved{"specversion", "id",   "source",  "type",        "subject",
-                                                     "time",        "data", "datacontenttype", "dataschema",
-                                                     "data_base64"};
+constexpr std::array<std::string_view, 10> kReserved{
+    "specversion", "id", "source", "type", "subject", "time", "data", "datacontenttype", "dataschema", "data_base64"};
 
 std::string json_string(const std::string& text) {
   return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -20,19 +19,15 @@ std::string json_string(const std::string& text) {
 
 bool is_cloudevents_extension_name(std::string_view name) {
   if (name.empty() || name.size() > 20) return false;
-  const bool lower_alnum = std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
-  });
+  const bool lower_alnum =
+      std::all_of(name.begin(), name.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); });
   return lower_alnum && std::find(kReserved.begin(), kReserved.end(), name) == kReserved.end();
 }
 
 std::vector<std::pair<std::string, std::string>> cloudevents_attributes(const Event& event, const Envelope& envelope) {
   std::vector<std::pair<std::string, std::string>> out{
-      {"specversion", "1.0"},
-      {"id", std::to_string(event.id)},
-      {"source", envelope.source},
-      {"type", event.topic},
-      {"time", event.created_at},
+      {"specversion", "1.0"}, {"id", std::to_string(event.id)}, {"source", envelope.source},
+      {"type", event.topic},  {"time", event.created_at},
   };
   if (!event.key.empty()) out.emplace_back("subject", event.key);
   for (const auto& [name, value] : event.headers) {

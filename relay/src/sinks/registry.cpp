@@ -16,13 +16,8 @@ SinkType rabbitmq_sink_type();
 const std::vector<SinkType>& sink_types() {
   // One line per sink type (its folder defines the row).
   static const std::vector<SinkType> kTypes{
-      stdout_sink_type(),
-      file_sink_type(),
-      webhook_sink_type(),
-      kafka_sink_type(),
-      redis_sink_type(),
-      nats_sink_type(),
-      rabbitmq_sink_type(),
+      stdout_sink_type(), file_sink_type(), webhook_sink_type(),  kafka_sink_type(),
+      redis_sink_type(),  nats_sink_type(), rabbitmq_sink_type(),
   };
   return kTypes;
 }

@@ -36,8 +36,7 @@ struct SinkType {
 // supports `format: cloudevents` by giving its Settings an `Envelope envelope` member; for the
 // others that format is a config error naming `sinks[N].format`.
 template <class SinkImpl, class Settings>
-SinkType sink_type(std::string name, Settings (*parse)(config::Section&),
-                   nlohmann::json (*describe)(const Settings&)) {
+SinkType sink_type(std::string name, Settings (*parse)(config::Section&), nlohmann::json (*describe)(const Settings&)) {
   class Spec final : public SinkSpec {
    public:
     Spec(Settings settings, nlohmann::json description)
@@ -51,7 +50,8 @@ SinkType sink_type(std::string name, Settings (*parse)(config::Section&),
     Settings settings_;
     nlohmann::json description_;
   };
-  return {name, [name, parse, describe](config::Section& section, const Envelope& envelope) -> std::unique_ptr<SinkSpec> {
+  return {name,
+          [name, parse, describe](config::Section& section, const Envelope& envelope) -> std::unique_ptr<SinkSpec> {
             Settings settings = parse(section);
             if constexpr (requires { settings.envelope; }) {
               settings.envelope = envelope;

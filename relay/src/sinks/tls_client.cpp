@@ -68,7 +68,8 @@ nlohmann::json describe_tls_files(const TlsFiles& f) {
           {"insecure_skip_verify", f.insecure_skip_verify}};
 }
 
-std::string configure_client_tls(SSL_CTX* ctx, const TlsFiles& files, const std::string& host, std::string* verify_error) {
+std::string configure_client_tls(SSL_CTX* ctx, const TlsFiles& files, const std::string& host,
+                                 std::string* verify_error) {
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
   if (files.insecure_skip_verify) {
     SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, nullptr);
@@ -76,7 +77,7 @@ std::string configure_client_tls(SSL_CTX* ctx, const TlsFiles& files, const std:
     SSL_CTX_set_app_data(ctx, verify_error);
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, verify_error ? &remember_verify_failure : nullptr);
     const int ok = files.ca_file.empty() ? SSL_CTX_set_default_verify_paths(ctx)
-                                     : SSL_CTX_load_verify_locations(ctx, files.ca_file.c_str(), nullptr);
+                                         : SSL_CTX_load_verify_locations(ctx, files.ca_file.c_str(), nullptr);
     if (ok != 1) return "TLS: cannot load CA certificates: " + ssl_error_text();
     X509_VERIFY_PARAM* param = SSL_CTX_get0_param(ctx);
     const int named = is_ip_literal(host) ? X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str())

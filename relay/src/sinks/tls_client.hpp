@@ -18,9 +18,9 @@ class Section;
 namespace outbox::sinks {
 
 struct TlsFiles {
-  std::string ca_file;    // empty: the system's CA store; set: only the CAs in this PEM file
-  std::string cert_file;  // client certificate (PEM)
-  std::string key_file;   // its private key (PEM); required with cert_file
+  std::string ca_file;                // empty: the system's CA store; set: only the CAs in this PEM file
+  std::string cert_file;              // client certificate (PEM)
+  std::string key_file;               // its private key (PEM); required with cert_file
   bool insecure_skip_verify = false;  // true: no certificate or host name check (never in production)
 };
 

@@ -41,7 +41,7 @@ TEST_CASE("options: a config's defaults reach the loop, the runner, the store an
   const pg::WatchOptions watch = app::watch_options(c);
   CHECK(watch.enabled);
   CHECK(watch.table == "outbox_events");
-  CHECK(watch.check == milliseconds(100));   // relay.idle_poll_interval
+  CHECK(watch.check == milliseconds(100));     // relay.idle_poll_interval
   CHECK(watch.length == milliseconds(1'000));  // the watched relay's poll interval
 }
 

@@ -4,9 +4,9 @@
 #include <string>
 
 #include "config/config.hpp"
+#include "sinks/file/file_config.hpp"
 #include "support/env.hpp"
 #include "support/sinks.hpp"
-#include "sinks/file/file_config.hpp"
 
 using namespace outbox::config;
 using std::chrono::milliseconds;
@@ -17,7 +17,8 @@ using outbox::testing::env_of;
 
 // The message of the ConfigError that parsing throws, or "" if it parses.
 std::string error_of(const std::string& yaml, std::map<std::string, std::string> vars = {}) {
-  return outbox::testing::config_error_of([&] { outbox::testing::parse_with_sinks(yaml, env_of(std::move(vars))); }, "");
+  return outbox::testing::config_error_of([&] { outbox::testing::parse_with_sinks(yaml, env_of(std::move(vars))); },
+                                          "");
 }
 
 const char* kIssueExample = R"(
@@ -87,7 +88,8 @@ TEST_CASE("light_poll_interval left out follows a longer poll_interval and a sho
         milliseconds(3));
   CHECK(parse_config("relay: {light_poll_interval: 5ms}\n" + sinks, env).relay.light_poll_interval == milliseconds(5));
   CHECK_FALSE(parse_config("relay: {idle_watch: false}\n" + sinks, env).relay.idle_watch);
-  CHECK(parse_config("relay: {writer_hold_warning: 30s}\n" + sinks, env).relay.writer_hold_warning == milliseconds(30'000));
+  CHECK(parse_config("relay: {writer_hold_warning: 30s}\n" + sinks, env).relay.writer_hold_warning ==
+        milliseconds(30'000));
 }
 
 TEST_CASE("--database-url wins over the file, DATABASE_URL only fills a gap") {
@@ -121,12 +123,14 @@ TEST_CASE("each bad config names its key and what was expected") {
       {url + "relay: {sweep_interval: soon}" + sinks, "relay.sweep_interval: expected a duration"},
       {url + "relay: {batch_size: 0}" + sinks, "relay.batch_size: expected a whole number from 1"},
       {url + "relay: {batch_size: lots}" + sinks, "relay.batch_size: expected a whole number"},
-      {url + "relay: {on_success: archive}" + sinks, "relay.on_success: unsupported value 'archive', expected one of: mark, delete"},
+      {url + "relay: {on_success: archive}" + sinks,
+       "relay.on_success: unsupported value 'archive', expected one of: mark, delete"},
       {url + "relay: {backof: {initial: 1s}}" + sinks, "relay.backof: unknown key"},
       {url + "relay: {backoff: {initial: 10s, max: 1s}}" + sinks, "relay.backoff.max: must not be shorter"},
       {url + "relay: {lease: 10ms}" + sinks, "relay.lease: must be at least 100ms"},
       {url + "relay: {poll_interval: 0ms}" + sinks, "relay.poll_interval: expected a duration from 1ms to 10s"},
-      {url + "relay: {idle_poll_interval: 1m}" + sinks, "relay.idle_poll_interval: expected a duration from 1ms to 10s"},
+      {url + "relay: {idle_poll_interval: 1m}" + sinks,
+       "relay.idle_poll_interval: expected a duration from 1ms to 10s"},
       {url + "relay: {poll_interval: 50ms, idle_poll_interval: 20ms}" + sinks,
        "relay.idle_poll_interval: must not be shorter than relay.poll_interval"},
       {url + "relay: {poll_interval: 10ms, light_poll_interval: 5ms}" + sinks,
@@ -138,13 +142,15 @@ TEST_CASE("each bad config names its key and what was expected") {
       {url + "relay: {idle_watch: sometimes}" + sinks, "relay.idle_watch: expected true or false"},
       {url + "databse: {}" + sinks, "databse: unknown key"},
       {"database: {url: postgresql://x/db, tabel: t}" + sinks, "database.tabel: unknown key"},
-      {"database: {url: postgresql://x/db, table: 'Bad-Name'}" + sinks, "database.table: expected a lower-case table name"},
+      {"database: {url: postgresql://x/db, table: 'Bad-Name'}" + sinks,
+       "database.table: expected a lower-case table name"},
       {"relay: {}" + sinks, "database.url: required"},
       {url + "sinks: [{name: a, type: carrier-pigeon}]", "sinks[0].type: unsupported value 'carrier-pigeon'"},
       {url + "sinks: [{name: a, type: file}]", "sinks[0].path: required"},
       {url + "sinks: [{name: a, type: stdout, colour: red}]", "sinks[0].colour: unknown key"},
       {url + "sinks: [{name: a, type: stdout}, {name: a, type: stdout}]", "sinks[1].name: duplicate sink name 'a'"},
-      {url + "sinks: [{name: a, type: stdout}]\nroutes: [{topics: ['x.*'], sinks: [b]}]", "routes[0].sinks[0]: unknown sink 'b'"},
+      {url + "sinks: [{name: a, type: stdout}]\nroutes: [{topics: ['x.*'], sinks: [b]}]",
+       "routes[0].sinks[0]: unknown sink 'b'"},
       {url + "sinks: [{name: a, type: stdout}]\nroutes: [{sinks: [a]}]", "routes[0].topics: expected a non-empty list"},
       {url + "http: {listen: 9187}" + sinks, "http.listen: expected host:port"},
       {"database: {url: '${NOPE}'}" + sinks, "database.url: environment variable NOPE is not set"},
@@ -177,9 +183,11 @@ TEST_CASE("--table is checked like database.table and taken literally") {
   const Case cases[] = {
       // No ${...} interpolation: the text is the name, and the error shows it as typed.
       {"\"${HOME}\"", "--table: expected a lower-case table name (optionally schema.table), got '${HOME}'"},
-      {"\"${file:/etc/hostname}\"", "--table: expected a lower-case table name (optionally schema.table), got '${file:/etc/hostname}'"},
+      {"\"${file:/etc/hostname}\"",
+       "--table: expected a lower-case table name (optionally schema.table), got '${file:/etc/hostname}'"},
       // No YAML: a second key cannot ride along.
-      {"outbox_events, table: x", "--table: expected a lower-case table name (optionally schema.table), got 'outbox_events, table: x'"},
+      {"outbox_events, table: x",
+       "--table: expected a lower-case table name (optionally schema.table), got 'outbox_events, table: x'"},
       {"{table: x}", "--table: expected a lower-case table name (optionally schema.table), got '{table: x}'"},
       {"Outbox", "--table: expected a lower-case table name (optionally schema.table), got 'Outbox'"},
       {"a.b.c", "--table: expected a lower-case table name (optionally schema.table), got 'a.b.c'"},

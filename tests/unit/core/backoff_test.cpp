@@ -2,8 +2,8 @@
 
 #include "core/backoff.hpp"
 
-using outbox::BackoffPolicy;
 using outbox::backoff_delay;
+using outbox::BackoffPolicy;
 using std::chrono::milliseconds;
 
 TEST_CASE("backoff doubles per attempt with equal jitter") {

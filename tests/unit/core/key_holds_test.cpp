@@ -60,12 +60,12 @@ TEST_CASE("a later delivered event of a key that must retry is not counted as de
   };
   const std::vector<Case> cases{
       {{"a", "a", "a"}, "DDD", "DDD"},
-      {{"a", "a", "a"}, "RDD", "RRR"},  // a retry holds back every later event of its key
+      {{"a", "a", "a"}, "RDD", "RRR"},         // a retry holds back every later event of its key
       {{"a", "b", "a", "b"}, "RDDD", "RDRD"},  // other keys flow
-      {{"a", "a", "a"}, "DRD", "DRR"},  // earlier deliveries stand
-      {{"a", "a"}, "FD", "FR"},  // deferred holds the key too
-      {{"a", "a", "a"}, "PDD", "PDD"},  // a dead letter releases its key
-      {{"a", "a", "a"}, "RPD", "RPR"},  // a permanent outcome stays permanent
+      {{"a", "a", "a"}, "DRD", "DRR"},         // earlier deliveries stand
+      {{"a", "a"}, "FD", "FR"},                // deferred holds the key too
+      {{"a", "a", "a"}, "PDD", "PDD"},         // a dead letter releases its key
+      {{"a", "a", "a"}, "RPD", "RPR"},         // a permanent outcome stays permanent
       {{"a", "b", "c"}, "RRR", "RRR"},
       {{}, "", ""},
   };
@@ -85,10 +85,14 @@ TEST_CASE("a later delivered event of a key that must retry is not counted as de
 TEST_CASE("KeyHolds holds the later events of a key behind its smallest held id") {
   KeyHolds held;
   Event e5, e7, e9, other;
-  e5.id = 5; e5.key = "k";
-  e7.id = 7; e7.key = "k";
-  e9.id = 9; e9.key = "k";
-  other.id = 8; other.key = "o";
+  e5.id = 5;
+  e5.key = "k";
+  e7.id = 7;
+  e7.key = "k";
+  e9.id = 9;
+  e9.key = "k";
+  other.id = 8;
+  other.key = "o";
   held.hold("k", 7);
   CHECK_FALSE(held.holds(e5));
   CHECK_FALSE(held.holds(e7));  // the held event itself is not behind anything

@@ -36,7 +36,7 @@ TEST_CASE("lane bounds: nothing is known until the first reading, which must com
   CHECK(b.resolved() == -1);
   CHECK(b.reading_due(kT0, kAll));
   CHECK_FALSE(b.reading_due(kT0, 0));  // no lanes: nothing to claim
-  b.read(kT0, {100, {}});             // nobody open: every id up to 100 is committed or gone
+  b.read(kT0, {100, {}});              // nobody open: every id up to 100 is committed or gone
   CHECK(b.resolved() == 100);
   CHECK(b.known()[0] == 100);
   CHECK(b.known()[63] == 100);
@@ -90,8 +90,8 @@ TEST_CASE("lane bounds: a pending reading of an incomplete writer applies its la
   b.read(kT0 + 1ms, {200, {writer("7/1", false, 0)}});
   CHECK(b.reading_pending());
   b.read(kT0 + 12ms, {300, {writer("8/1", false, 0)}});  // 7/1 ended, 8/1 is new and unknown
-  CHECK(b.resolved() == 200);  // the first reading applied, not the second
-  CHECK(b.pending_last() == 300);  // which waits for 8/1 in turn
+  CHECK(b.resolved() == 200);                            // the first reading applied, not the second
+  CHECK(b.pending_last() == 300);                        // which waits for 8/1 in turn
 }
 
 TEST_CASE("lane bounds: claims raise what is known, and a held lane stalls only itself") {

@@ -537,7 +537,7 @@ TEST_CASE("polls leave delivered outcomes to a later poll for up to outcome_dela
   loop.drain(poll);  // finds nothing: writes them at once
   REQUIRE(f.store.carried.size() == 4);
   for (const auto& c : f.store.carried) CHECK(c.empty());  // no poll carried them
-  REQUIRE(f.store.completed.size() == 3);  // the three events' outcomes, in one statement
+  REQUIRE(f.store.completed.size() == 3);                  // the three events' outcomes, in one statement
   for (EventId id : {1, 2, 3}) CHECK(f.store.of(id).kind == Kind::kDelivered);
   CHECK_FALSE(loop.has_pending());
   f.clock.t += milliseconds(5);

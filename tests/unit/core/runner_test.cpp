@@ -72,8 +72,8 @@ class FakeWaiter final : public Waiter {
   Time stop_at = at(60'000);
   std::vector<Clock::SteadyTime::duration> sleeps;  // each backoff sleep
   long calls = 0;
-  bool watcher = false;                          // takes offers of the idle watch
-  std::optional<long long> offer;                // the one in force
+  bool watcher = false;                            // takes offers of the idle watch
+  std::optional<long long> offer;                  // the one in force
   std::vector<std::pair<Time, long long>> offers;  // each new one, when made
   int stale_watch_rings = 0;                       // kWatch rings dropped: no offer in force
 
@@ -188,16 +188,16 @@ class FakeStore final : public Store {
   std::optional<long long> watch_id;  // Store::watch_from
   std::optional<Time> event_at;       // the first poll from then on finds one event
   bool reading = false;               // Store::reading_pending
-  double per_second = 0;  // > 0: polls find a steady stream of this many events a second
+  double per_second = 0;              // > 0: polls find a steady stream of this many events a second
   EventId streamed = 0;
   int connects = 0;
   // Retries another instance scheduled: (visible from, due); visible once this one has the lanes.
   std::vector<std::pair<Time, Time>> foreign_retries;
   std::vector<Time> claims, probes, rebalances, retry_looks;
-  std::optional<long long> sweep_range;            // Store::sweep_upto; nullopt: sweeps are full drains
-  std::set<long long> claimable;                   // ids a sweep's look finds below it
+  std::optional<long long> sweep_range;                // Store::sweep_upto; nullopt: sweeps are full drains
+  std::set<long long> claimable;                       // ids a sweep's look finds below it
   std::vector<std::pair<long long, long long>> looks;  // each first_claimable(after, upto)
-  std::set<EventId> unwritten;                     // polled, their outcomes not yet written
+  std::set<EventId> unwritten;                         // polled, their outcomes not yet written
   bool looked_at_unwritten = false;
   std::vector<Completion> completed;
 
@@ -231,7 +231,6 @@ class CountingMetrics final : public Metrics {
   std::map<DbErrorClass, int> db_errors;
   int reconnects = 0;
 };
-
 
 struct Fixture {
   FakeClock clock;
@@ -291,7 +290,8 @@ TEST_CASE("runner: a sweep with a known range looks at it in widening steps and 
   CHECK(ms_list(f.store.claims) == std::vector<long long>{0});  // the catch-up at start only
   CHECK(f.metrics.wakeups[WakeSource::kSweep] == 0);
   // Each sweep: 10,000 ids, then twice as many each step (the fake store answers at once), to 100,000.
-  const std::vector<std::pair<long long, long long>> one{{0, 10'000}, {10'000, 30'000}, {30'000, 70'000}, {70'000, 100'000}};
+  const std::vector<std::pair<long long, long long>> one{
+      {0, 10'000}, {10'000, 30'000}, {30'000, 70'000}, {70'000, 100'000}};
   std::vector<std::pair<long long, long long>> two = one;
   two.insert(two.end(), one.begin(), one.end());
   CHECK(f.store.looks == two);
@@ -311,7 +311,7 @@ TEST_CASE("runner: a sweep with a known range looks at it in widening steps and 
 TEST_CASE("runner: a sweep beside a steady stream never looks at events whose outcomes are not written") {
   Fixture f;
   f.store.sweep_range = 1'000;  // sweep_upto: every event polled so far, and 1,000 ids more
-  f.store.per_second = 2'000;  // 10 per poll: their delivered outcomes wait up to outcome_delay
+  f.store.per_second = 2'000;   // 10 per poll: their delivered outcomes wait up to outcome_delay
   f.waiter.stop_at = at(95'000);
   f.run();
   REQUIRE(f.store.looks.size() >= 3);  // a sweep at 30, 60 and 90 s
@@ -362,7 +362,8 @@ TEST_CASE("runner: idle, with a watcher, it offers the watch, polls once a secon
   for (long long t : polls) {
     if (t > first_offer) later.push_back(t);
   }
-  const long long last_before = *std::find_if(polls.rbegin(), polls.rend(), [&](long long t) { return t <= first_offer; });
+  const long long last_before =
+      *std::find_if(polls.rbegin(), polls.rend(), [&](long long t) { return t <= first_offer; });
   CHECK(later == std::vector<long long>{last_before + 1'000, last_before + 2'000, 5'321, 6'321});
   // The ring: a drain at once.
   CHECK(ms_list(f.store.claims) == std::vector<long long>{0, 4'321});
@@ -408,7 +409,7 @@ TEST_CASE("runner: no watch while events flow or the store cannot say from where
     f.run();
     CHECK(f.waiter.offers.empty());
     CHECK(f.waiter.stale_watch_rings == 1);
-    CHECK(f.store.claims.size() == 1);  // the catch-up only
+    CHECK(f.store.claims.size() == 1);    // the catch-up only
     CHECK(f.store.probes.size() == 599);  // every 5 ms
   }
   SUBCASE("events flow again: the offer is withdrawn") {
@@ -459,7 +460,8 @@ std::vector<long long> poll_gaps_at(double per_second) {
     if (polls[i - 1] >= 1'000) gaps.push_back(polls[i] - polls[i - 1]);
   }
   REQUIRE(gaps.size() > 50);
-  CHECK(f.store.streamed == static_cast<EventId>(per_second * ms_of(f.store.probes.back()) / 1000));
+  CHECK(f.store.streamed ==
+        static_cast<EventId>(per_second * static_cast<double>(ms_of(f.store.probes.back())) / 1000));
   return gaps;
 }
 
@@ -562,7 +564,7 @@ TEST_CASE("runner: an error that needs an operator waits the cap at once, marks 
   SUBCASE("down while failing") {
     f.waiter.stop_at = at(3'000);
     f.run();
-    REQUIRE(f.waiter.sleeps.size() == 2);  // the second ends past stop_at
+    REQUIRE(f.waiter.sleeps.size() == 2);              // the second ends past stop_at
     CHECK(f.waiter.sleeps[0] == milliseconds(2'000));  // the cap, with equal jitter at 0
     CHECK_FALSE(f.health.store_up.load());
     CHECK(f.health.store_error.load() == DbErrorClass::kPrivilege);

@@ -45,8 +45,7 @@ TEST_CASE("configured sinks start at zero, with build_info") {
   for (const char* source : {"notify", "sweep", "retry", "startup"}) {
     CHECK(s.at(std::string("outbox_relay_wakeups_total{source=\"") + source + "\"}") == "0");
   }
-  for (const char* kind :
-       {"transient", "other", "privilege", "undefined_object", "authentication", "configuration"}) {
+  for (const char* kind : {"transient", "other", "privilege", "undefined_object", "authentication", "configuration"}) {
     CHECK(s.at(std::string("outbox_relay_db_errors_total{class=\"") + kind + "\"}") == "0");
   }
 }

@@ -63,8 +63,9 @@ TEST_CASE("a transaction pooler behind database.url is named, not reported as a 
   h.transaction_pooler = true;
   auto r = http::evaluate_readiness(h, {}, false);
   CHECK_FALSE(r.ready);
-  CHECK(r.reasons == std::vector<std::string>{
-                         "database.url leads to a transaction pooler: the relay needs a direct or session-pooled connection"});
+  CHECK(r.reasons ==
+        std::vector<std::string>{
+            "database.url leads to a transaction pooler: the relay needs a direct or session-pooled connection"});
   h.transaction_pooler = false;
   r = http::evaluate_readiness(h, {}, false);
   CHECK(r.reasons == std::vector<std::string>{"database session down"});
@@ -85,8 +86,8 @@ TEST_CASE("a session down for an error that needs an operator names the class; a
   h.store_error = DbErrorClass::kUndefinedObject;
   h.listener_error = DbErrorClass::kConfiguration;
   r = http::evaluate_readiness(h, {}, false);
-  CHECK(r.reasons == std::vector<std::string>{"database session down: undefined_object",
-                                              "LISTEN session down: configuration"});
+  CHECK(r.reasons ==
+        std::vector<std::string>{"database session down: undefined_object", "LISTEN session down: configuration"});
 
   // Up again: the last error's class no longer shows.
   h.store_up = true;

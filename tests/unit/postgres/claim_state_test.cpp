@@ -108,7 +108,7 @@ TEST_CASE("claim state: schema 2 and 3 poll the claim function, then ask 'anythi
     CHECK(s.quiet());
     CHECK(s.floor_id() == 100);
     CHECK(s.ask_anything_new_first(true, false));
-    CHECK_FALSE(s.ask_anything_new_first(true, true));   // outcomes to write: the function carries them
+    CHECK_FALSE(s.ask_anything_new_first(true, true));    // outcomes to write: the function carries them
     CHECK_FALSE(s.ask_anything_new_first(false, false));  // a claim, not a poll
     CHECK(s.watch_from(true) == 100);
     CHECK_FALSE(s.watch_from(false));
@@ -129,7 +129,7 @@ TEST_CASE("claim state: schema 2 keeps the function's reading of open writers un
   CHECK(s.reading_pending());
   CHECK(s.reading_last() == 120);
   CHECK(s.reading_holders() == "{3/7}");
-  CHECK_FALSE(s.watch_from(true));  // fenced: no watch, the runner polls
+  CHECK_FALSE(s.watch_from(true));               // fenced: no watch, the runner polls
   CHECK(s.ask_anything_new_first(true, false));  // quiet with resolved known: the probe asks above 100
 
   // The writer committed: the next call resolves past its ids and drops the reading.
@@ -215,7 +215,7 @@ TEST_CASE("claim state: schema 5 reads the writers first, then claims lane by la
   CHECK(s.lanes_claimed(kT0 + 2ms, true, 500, 4, bounds, 110) == lane_bit(1));
   CHECK(s.held() == lane_bit(1));
   CHECK(s.fenced());
-  CHECK(s.resolved() == 105);  // the lowest owned lane
+  CHECK(s.resolved() == 105);        // the lowest owned lane
   CHECK(s.sweep_upto(true) == 110);  // polls look above each lane's bound
   CHECK_FALSE(s.lanes().uniform());
 
@@ -235,8 +235,8 @@ TEST_CASE("claim state: schema 5 with a reading pending polls through the claim 
   s.writers_read(kT0 + 30ms, {120, {w}});
   CHECK(s.reading_pending());
   CHECK_FALSE(s.ask_anything_new_first(true, false));  // the function checks the pending reading
-  CHECK(s.watch_from(true) == 120);                     // the pending reading's last id
-  s.writers_read(kT0 + 60ms, {120, {}});                  // it ended
+  CHECK(s.watch_from(true) == 120);                    // the pending reading's last id
+  s.writers_read(kT0 + 60ms, {120, {}});               // it ended
   CHECK_FALSE(s.reading_pending());
   CHECK(s.lanes().resolved() == 120);
 }

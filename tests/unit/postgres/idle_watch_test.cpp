@@ -69,7 +69,7 @@ TEST_CASE("idle watch: a statement reads the sequence length/check times, at lea
   const auto d = watch_statement(100ms, 1000ms);
   CHECK(d.checks == 10);
   CHECK(d.check_seconds == doctest::Approx(0.1));
-  CHECK(watch_statement(500ms, 100ms).checks == 2);   // at least one sleep per statement
+  CHECK(watch_statement(500ms, 100ms).checks == 2);    // at least one sleep per statement
   CHECK(watch_statement(0ms, 1000ms).checks == 1000);  // a check of 0 counts as 1 ms
   CHECK(watch_statement(0ms, 1000ms).check_seconds == 0);
 }

@@ -23,7 +23,7 @@ TEST_CASE("a transaction pooler that hands our backend to the other session (LIF
 }
 
 TEST_CASE("a transaction pooler that moves our session to another backend") {
-  CHECK(shares_backend(BackendPids{{101, 103}, {102}}));  // while the other holds 102 (round robin)
+  CHECK(shares_backend(BackendPids{{101, 103}, {102}}));       // while the other holds 102 (round robin)
   CHECK(shares_backend(BackendPids{{101, 101, 102}, {102}}));  // in the next round
 }
 

@@ -26,10 +26,8 @@ TEST_CASE("classify_error: libpqxx 6.4's typed exceptions carry no code; their t
   // What libpqxx 6.4 throws for these errors of the server: the type, an empty sqlstate().
   CHECK(pg::sqlstate_of(pqxx::insufficient_privilege("ERROR:  permission denied for table outbox_events")) == "42501");
   CHECK(pg::classify_error(pqxx::insufficient_privilege("ERROR:  permission denied")) == DbErrorClass::kPrivilege);
-  CHECK(pg::classify_error(pqxx::undefined_table("ERROR:  relation does not exist")) ==
-        DbErrorClass::kUndefinedObject);
-  CHECK(pg::classify_error(pqxx::undefined_column("ERROR:  column does not exist")) ==
-        DbErrorClass::kUndefinedObject);
+  CHECK(pg::classify_error(pqxx::undefined_table("ERROR:  relation does not exist")) == DbErrorClass::kUndefinedObject);
+  CHECK(pg::classify_error(pqxx::undefined_column("ERROR:  column does not exist")) == DbErrorClass::kUndefinedObject);
   CHECK(pg::classify_error(pqxx::undefined_function("ERROR:  function does not exist")) ==
         DbErrorClass::kUndefinedObject);
   CHECK(pg::classify_error(pqxx::syntax_error("ERROR:  syntax error")) == DbErrorClass::kOther);
@@ -45,8 +43,8 @@ TEST_CASE("classify_error: libpqxx 6.4's typed exceptions carry no code; their t
 TEST_CASE("translate_errors: StoreUnavailable of the error's class, with the hint for the operator") {
   const pg::HintContext hints{"relay", "outbox_events"};
   try {
-    pg::translate_errors("claim", [] { throw pqxx::insufficient_privilege("ERROR:  permission denied", "", "42501"); },
-                         hints);
+    pg::translate_errors(
+        "claim", [] { throw pqxx::insufficient_privilege("ERROR:  permission denied", "", "42501"); }, hints);
     FAIL("no exception");
   } catch (const StoreUnavailable& e) {
     CHECK(e.kind() == DbErrorClass::kPrivilege);
@@ -54,8 +52,8 @@ TEST_CASE("translate_errors: StoreUnavailable of the error's class, with the hin
     CHECK(e.hint().find("GRANT outbox_relay TO relay") != std::string::npos);
   }
   try {
-    pg::translate_errors("claim", [] { throw pqxx::broken_connection("server closed the connection unexpectedly"); },
-                         hints);
+    pg::translate_errors(
+        "claim", [] { throw pqxx::broken_connection("server closed the connection unexpectedly"); }, hints);
     FAIL("no exception");
   } catch (const StoreUnavailable& e) {
     CHECK(e.kind() == DbErrorClass::kTransient);

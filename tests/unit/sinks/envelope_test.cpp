@@ -18,7 +18,9 @@ Event sample() {
   e.payload = R"({"total":12.5})";
   e.created_at = "2026-12-01T06:32:22.123456Z";
   e.headers = {{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
-               {"X-Custom", "dropped"}, {"type", "forged"}, {"abcdefghij0123456789", "20 chars: kept"},
+               {"X-Custom", "dropped"},
+               {"type", "forged"},
+               {"abcdefghij0123456789", "20 chars: kept"},
                {"abcdefghij0123456789x", "21 chars: dropped"}};
   return e;
 }

@@ -10,13 +10,15 @@
 using namespace outbox;
 
 TEST_CASE("the registry knows every sink type and builds each entry with its own row") {
-  CHECK(sinks::sink_type_names() == std::vector<std::string>{"stdout", "file", "webhook", "kafka", "redis", "nats", "rabbitmq"});
+  CHECK(sinks::sink_type_names() ==
+        std::vector<std::string>{"stdout", "file", "webhook", "kafka", "redis", "nats", "rabbitmq"});
   const auto dir = std::filesystem::temp_directory_path();
   const auto c = config::parse_config(
       "database: {url: 'postgresql://u@h/db'}\n"
       "sinks:\n"
       "  - {name: out, type: stdout}\n"
-      "  - {name: audit, type: file, path: '" + (dir / "registry-test.jsonl").string() + "', fsync: false}\n",
+      "  - {name: audit, type: file, path: '" +
+          (dir / "registry-test.jsonl").string() + "', fsync: false}\n",
       testing::env_of({}));
   const auto prepared = app::prepare_sinks(c);
   REQUIRE(prepared.size() == 2);
@@ -37,6 +39,7 @@ TEST_CASE("config/ keeps a sink entry as written; the registry names the key it 
   CHECK(c.sinks.at(0).type == "pigeon");
   CHECK(c.sinks.at(0).path == "sinks[0]");
   CHECK_THROWS_WITH_AS(app::prepare_sinks(c),
-                       doctest::Contains("sinks[0].type: unsupported value 'pigeon', expected one of: stdout, file, webhook, kafka, redis, nats, rabbitmq"),
+                       doctest::Contains("sinks[0].type: unsupported value 'pigeon', expected one of: stdout, file, "
+                                         "webhook, kafka, redis, nats, rabbitmq"),
                        config::ConfigError);
 }

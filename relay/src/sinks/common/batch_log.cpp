@@ -20,15 +20,12 @@ BatchSummary BatchSummary::of(std::span<const Outcome> outcomes) {
 }
 
 bool log_batch(std::string_view type, const std::string& sink, std::span<const Outcome> outcomes,
-               nlohmann::json extra) {
+               const nlohmann::json& extra) {
   const BatchSummary s = BatchSummary::of(outcomes);
   if (!s.first_failure) return false;
-  nlohmann::json fields = {{"sink", sink},
-                           {"delivered", s.delivered},
-                           {"retry", s.retry},
-                           {"permanent", s.permanent},
-                           {"deferred", s.deferred},
-                           {"first_error", s.first_failure->reason}};
+  nlohmann::json fields = {{"sink", sink},           {"delivered", s.delivered},
+                           {"retry", s.retry},       {"permanent", s.permanent},
+                           {"deferred", s.deferred}, {"first_error", s.first_failure->reason}};
   fields.update(extra);
   log::warn(std::string(type) + " batch not fully delivered", std::move(fields));
   return true;

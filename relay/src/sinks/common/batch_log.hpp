@@ -29,6 +29,6 @@ struct BatchSummary {
 // dead-lettered, with the fields sink, delivered, retry, permanent, deferred and first_error,
 // plus `extra` (a sink's own, e.g. rabbitmq's rounds and ms). Returns whether it logged.
 bool log_batch(std::string_view type, const std::string& sink, std::span<const Outcome> outcomes,
-               nlohmann::json extra = nlohmann::json::object());
+               const nlohmann::json& extra = nlohmann::json::object());
 
 }  // namespace outbox::sinks

@@ -14,7 +14,9 @@ FileSinkConfig parse_file_sink(config::Section& section) {
 
 StdoutSinkConfig parse_stdout_sink(config::Section& /*section*/) { return {}; }
 
-nlohmann::json describe_file_sink(const FileSinkConfig& config) { return {{"path", config.path}, {"fsync", config.fsync}}; }
+nlohmann::json describe_file_sink(const FileSinkConfig& config) {
+  return {{"path", config.path}, {"fsync", config.fsync}};
+}
 
 nlohmann::json describe_stdout_sink(const StdoutSinkConfig& /*config*/) { return nlohmann::json::object(); }
 

@@ -132,8 +132,7 @@ void append_record(const Event& event, const Envelope& envelope, std::string& ou
   }
 }
 
-FileSink::FileSink(std::string name, FileSinkConfig config)
-    : name_(std::move(name)), config_(std::move(config)) {
+FileSink::FileSink(std::string name, FileSinkConfig config) : name_(std::move(name)), config_(std::move(config)) {
   if (const int err = open_file()) {
     const std::string key = (config_.key_path.empty() ? "sink '" + name_ + "'" : config_.key_path) + ".path";
     throw config::ConfigError(key + ": cannot open " + config_.path + " for appending: " + std::strerror(err));

@@ -21,8 +21,7 @@ struct ConfDeleter {
 };
 
 bool topic_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-         c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
 }
 
 // Properties the sink owns. The value is why, for the error message.
@@ -101,8 +100,7 @@ KafkaSinkConfig parse_kafka_sink(config::Section& s) {
     one.erase(0, one.find_first_not_of(" \t"));
     one.erase(one.find_last_not_of(" \t") + 1);
     if (!std::regex_match(one, kBroker)) {
-      throw config::ConfigError(s.key_path("brokers") + ": expected host:port[,host:port...], got '" + c.brokers +
-                                "'");
+      throw config::ConfigError(s.key_path("brokers") + ": expected host:port[,host:port...], got '" + c.brokers + "'");
     }
     start = comma + 1;
   }

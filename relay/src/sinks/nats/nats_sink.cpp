@@ -68,7 +68,7 @@ struct NatsSink::Impl {
   std::condition_variable changed;
   bool closed = false;  // the closed callback ran: nats.c calls nothing of ours after it
   std::unordered_map<const natsMsg*, std::size_t> in_flight;  // published, PubAck not handled
-  std::vector<Ack> acks;                                       // handled, not yet taken by publish()
+  std::vector<Ack> acks;                                      // handled, not yet taken by publish()
 
   OptionsPtr options;
   ConnectionPtr connection;
@@ -232,8 +232,8 @@ struct NatsSink::Impl {
       return Outcome::permanent("the event's topic or key contains CR or LF, which NATS headers cannot carry");
     }
     natsMsg* raw = nullptr;
-    natsStatus s = natsMsg_Create(&raw, subject.c_str(), nullptr, event.payload.data(),
-                                  static_cast<int>(event.payload.size()));
+    natsStatus s =
+        natsMsg_Create(&raw, subject.c_str(), nullptr, event.payload.data(), static_cast<int>(event.payload.size()));
     if (s != NATS_OK) return outcome_for(s, 0, last_error());
     MessagePtr msg(raw);
     const std::string id = std::to_string(event.id);
@@ -394,8 +394,8 @@ struct NatsSink::Impl {
     std::vector<Outcome> outcomes;
     outcomes.reserve(n);
     const std::string no_ack = "no PubAck within timeout " + config::format_duration(config.timeout);
-    const std::string not_sent = std::string("not sent: ") + (connected ? "the batch reached the sink timeout"
-                                                                         : "the connection to NATS was lost");
+    const std::string not_sent = std::string("not sent: ") +
+                                 (connected ? "the batch reached the sink timeout" : "the connection to NATS was lost");
     KeyHolds held;
     for (std::size_t i = 0; i < n; ++i) {
       const Event& event = *events[i];

@@ -134,8 +134,8 @@ std::unique_ptr<Connection> Connection::open(const RabbitmqSinkConfig& config, c
   return c;
 }
 
-std::string Connection::handshake(const RabbitmqSinkConfig& config, const std::string& sink_name,
-                                  Watchdog& watchdog, Clock::time_point deadline) {
+std::string Connection::handshake(const RabbitmqSinkConfig& config, const std::string& sink_name, Watchdog& watchdog,
+                                  Clock::time_point deadline) {
   amqp_connection_state_t c = state();
   timeval tv = timeval_of(deadline - Clock::now());
   amqp_set_handshake_timeout(c, &tv);

@@ -59,8 +59,7 @@ AmqpErrorClass classify_amqp_reply(int code, bool settled) {
     case AmqpReply::kResourceError:
     case AmqpReply::kNotAllowed:
     case AmqpReply::kNotImplemented:
-    case AmqpReply::kInternalError:
-      return AmqpErrorClass::kRetry;
+    case AmqpReply::kInternalError: return AmqpErrorClass::kRetry;
   }
   return AmqpErrorClass::kRetry;  // a code off the wire that the spec does not list
 }

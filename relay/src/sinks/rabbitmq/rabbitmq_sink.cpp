@@ -36,7 +36,7 @@ using std::chrono::milliseconds;
 constexpr milliseconds kKeeperInterval{1000};  // between batches: notice a lost connection, reconnect
 constexpr std::size_t kMaxHeaderKey = 128;     // rabbitmq-c's limit for a table key
 constexpr std::size_t kMaxHeadersBytes = std::size_t{64} * 1024;  // the content header must fit in one frame
-constexpr std::size_t kMaxRoutesRemembered = 65536;  // routing keys with {key} may be one per aggregate
+constexpr std::size_t kMaxRoutesRemembered = 65536;               // routing keys with {key} may be one per aggregate
 
 // What a returned (unroutable) message said.
 struct Returned {
@@ -264,8 +264,7 @@ struct RabbitmqSink::Impl {
     timeval tv = timeval_of(deadline - SteadyClock::now());
     const int rc = amqp_simple_wait_frame_noblock(c, &frame, &tv);
     if (rc == AMQP_STATUS_TIMEOUT) {
-      return {Stop::kLost, 0,
-              "no publisher confirm within timeout " + config::format_duration(config.timeout)};
+      return {Stop::kLost, 0, "no publisher confirm within timeout " + config::format_duration(config.timeout)};
     }
     if (rc != AMQP_STATUS_OK) return {Stop::kLost, 0, std::string("connection lost: ") + amqp_error_string2(rc)};
     Stop stop;
@@ -313,8 +312,7 @@ struct RabbitmqSink::Impl {
           stop = {Stop::kLost, m->reply_code, close_text("connection", m->reply_code, m->reply_text)};
           break;
         }
-        default:
-          break;  // connection.blocked/unblocked and the like: the deadline bounds a blocked batch
+        default: break;  // connection.blocked/unblocked and the like: the deadline bounds a blocked batch
       }
     }
     amqp_maybe_release_buffers(c);
@@ -416,11 +414,11 @@ struct RabbitmqSink::Impl {
       b.exchanges[i] = render_rabbitmq_template(config.exchange, e.topic, e.key);
       b.routing_keys[i] = render_rabbitmq_template(config.routing_key, e.topic, e.key);
       if (b.exchanges[i].size() > kMaxAmqpShortString) {
-        b.results[i] = Outcome::permanent("exchange name from template '" + config.exchange +
-                                          "' is longer than 255 bytes");
+        b.results[i] =
+            Outcome::permanent("exchange name from template '" + config.exchange + "' is longer than 255 bytes");
       } else if (b.routing_keys[i].size() > kMaxAmqpShortString) {
-        b.results[i] = Outcome::permanent("routing key from template '" + config.routing_key +
-                                          "' is longer than 255 bytes");
+        b.results[i] =
+            Outcome::permanent("routing key from template '" + config.routing_key + "' is longer than 255 bytes");
       }
     }
 

@@ -77,7 +77,8 @@ void parse_url(config::Section& s, RedisSinkConfig& c) {
     // The password as written (maybe %-encoded in another way than the redactor encodes it).
     log::add_secret(colon == std::string::npos ? userinfo : userinfo.substr(colon + 1));
     auto user = percent_decode(userinfo.substr(0, colon));
-    auto password = colon == std::string::npos ? std::optional<std::string>("") : percent_decode(userinfo.substr(colon + 1));
+    auto password =
+        colon == std::string::npos ? std::optional<std::string>("") : percent_decode(userinfo.substr(colon + 1));
     if (password && !password->empty()) log::add_secret(*password);
     if (!user || !password) throw ConfigError(key + ": malformed %-escape in the user or password");
     if (colon == std::string::npos) {

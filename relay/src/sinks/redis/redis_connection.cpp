@@ -213,13 +213,15 @@ struct Connection::Impl {
       if (rc == 1) return {};
       const int e = SSL_get_error(ssl.get(), rc);
       short events = 0;
-      if (e == SSL_ERROR_WANT_READ) events = POLLIN;
-      else if (e == SSL_ERROR_WANT_WRITE) events = POLLOUT;
+      if (e == SSL_ERROR_WANT_READ)
+        events = POLLIN;
+      else if (e == SSL_ERROR_WANT_WRITE)
+        events = POLLOUT;
       else {
         const long verify = SSL_get_verify_result(ssl.get());
-        std::string why = verify != X509_V_OK ? std::string("certificate verification failed: ") +
-                                                    X509_verify_cert_error_string(verify)
-                                              : ssl_error_text();
+        std::string why = verify != X509_V_OK
+                              ? std::string("certificate verification failed: ") + X509_verify_cert_error_string(verify)
+                              : ssl_error_text();
         return "TLS handshake failed: " + why;
       }
       if (!wait_fd(fd, events, deadline)) return "TLS handshake timed out";
@@ -230,10 +232,9 @@ struct Connection::Impl {
 Connection::Connection(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Connection::~Connection() = default;
 
-std::unique_ptr<Connection> Connection::open(const RedisSinkConfig& c, Clock::time_point deadline,
-                                             std::string& error) {
-  const std::string where = (c.host.find(':') != std::string::npos ? "[" + c.host + "]" : c.host) + ":" +
-                            std::to_string(c.port);
+std::unique_ptr<Connection> Connection::open(const RedisSinkConfig& c, Clock::time_point deadline, std::string& error) {
+  const std::string where =
+      (c.host.find(':') != std::string::npos ? "[" + c.host + "]" : c.host) + ":" + std::to_string(c.port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -267,8 +268,10 @@ std::unique_ptr<Connection> Connection::open(const RedisSinkConfig& c, Clock::ti
   std::string hello;
   std::size_t expected = 0;
   if (!c.password.empty()) {
-    if (c.username.empty()) append_command(hello, {"AUTH", c.password});
-    else append_command(hello, {"AUTH", c.username, c.password});
+    if (c.username.empty())
+      append_command(hello, {"AUTH", c.password});
+    else
+      append_command(hello, {"AUTH", c.username, c.password});
     ++expected;
   }
   const std::string db = std::to_string(c.db);

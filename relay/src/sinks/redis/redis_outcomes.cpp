@@ -51,8 +51,7 @@ RedisErrorClass classify_redis_error(RedisErrorCode code) {
     // unchanged cannot succeed. Dead-lettered; once the operator fixed the key or the ACL,
     // `outbox-relay failed retry` sends it again.
     case RedisErrorCode::kWrongType:
-    case RedisErrorCode::kNoPerm:
-      return RedisErrorClass::kPermanent;
+    case RedisErrorCode::kNoPerm: return RedisErrorClass::kPermanent;
 
     // Server states that pass (loading, busy, out of memory, failover, resharding), connection
     // settings an operator fixes without touching the row (AUTH), and anything unknown.
@@ -72,8 +71,7 @@ RedisErrorClass classify_redis_error(RedisErrorCode code) {
     case RedisErrorCode::kAsk:
     case RedisErrorCode::kExecAbort:
     case RedisErrorCode::kNoProto:
-    case RedisErrorCode::kOther:
-      return RedisErrorClass::kRetry;
+    case RedisErrorCode::kOther: return RedisErrorClass::kRetry;
   }
   return RedisErrorClass::kRetry;  // not reached: every enumerator is listed
 }

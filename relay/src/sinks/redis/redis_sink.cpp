@@ -43,7 +43,9 @@ std::string headers_json(const Event& event) {
 
 struct RedisSink::Impl {
   Impl(std::string sink_name, RedisSinkConfig sink_config)
-      : name(std::move(sink_name)), config(std::move(sink_config)), maxlen(config.maxlen ? std::to_string(*config.maxlen) : "") {}
+      : name(std::move(sink_name)),
+        config(std::move(sink_config)),
+        maxlen(config.maxlen ? std::to_string(*config.maxlen) : "") {}
 
   const std::string name;
   const RedisSinkConfig config;
@@ -227,7 +229,8 @@ RedisSink::RedisSink(std::string name, RedisSinkConfig config)
   Impl& impl = *impl_;
   // The helper reads impl until it is stopped, as Impl's last member, before the rest of impl.
   impl.helper.start(kPingInterval, [&impl] { impl.beat(); });
-  log::info("redis sink created", {{"sink", impl.name}, {"url", impl.config.url_for_logs}, {"stream", impl.config.stream}});
+  log::info("redis sink created",
+            {{"sink", impl.name}, {"url", impl.config.url_for_logs}, {"stream", impl.config.stream}});
 }
 
 RedisSink::~RedisSink() = default;

@@ -58,7 +58,7 @@ std::optional<std::string> base64_decode(std::string_view text) {
   const std::size_t padding = text.size() - data_len;
   if (padding > 2) return std::nullopt;
   if (padding > 0 && text.size() % 4 != 0) return std::nullopt;  // padded input comes in whole quads
-  if (data_len % 4 == 1) return std::nullopt;                     // 6 bits cannot make a byte
+  if (data_len % 4 == 1) return std::nullopt;                    // 6 bits cannot make a byte
   std::string out;
   out.reserve(data_len * 3 / 4);
   unsigned buffer = 0;
@@ -89,8 +89,8 @@ std::string hmac_sha256(std::string_view key, std::string_view message) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
   unsigned int length = 0;
   const unsigned char* ok =
-      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(message.data()),
-           message.size(), digest.data(), &length);
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), digest.data(), &length);
   if (ok == nullptr) throw std::runtime_error("HMAC-SHA256 failed in OpenSSL");  // only on allocation failure
   return std::string(reinterpret_cast<const char*>(digest.data()), length);
 }

@@ -55,8 +55,8 @@ void parse_url(config::Section& s, WebhookSinkConfig& c) {
   if (!url) throw std::bad_alloc();
   // Never echo the URL in an error: it may carry a password or a token.
   if (const CURLUcode rc = curl_url_set(url.get(), CURLUPART_URL, c.url.c_str(), 0); rc != CURLUE_OK) {
-    throw ConfigError(s.key_path("url") + ": expected an absolute http:// or https:// URL (" +
-                      curl_url_strerror(rc) + ")");
+    throw ConfigError(s.key_path("url") + ": expected an absolute http:// or https:// URL (" + curl_url_strerror(rc) +
+                      ")");
   }
   const std::string scheme = lower(url_part(url.get(), CURLUPART_SCHEME));
   if (scheme != "http" && scheme != "https") {
@@ -82,8 +82,9 @@ void parse_headers(config::Section& s, WebhookSinkConfig& c) {
     }
     if (!is_valid_header_value(value)) throw ConfigError(key + ": header values must not contain CR, LF or NUL");
     if (is_reserved_webhook_header(name)) {
-      throw ConfigError(key + ": the webhook sink sets this header itself (content-type, webhook-id, "
-                              "webhook-timestamp, webhook-signature and the framing headers are reserved)");
+      throw ConfigError(key +
+                        ": the webhook sink sets this header itself (content-type, webhook-id, "
+                        "webhook-timestamp, webhook-signature and the framing headers are reserved)");
     }
     if (!seen.insert(lower(name)).second) {
       throw ConfigError(key + ": duplicate header (header names are case-insensitive)");
@@ -101,13 +102,15 @@ void parse_secrets(config::Section& s, WebhookSinkConfig& c) {
     const std::string key = s.key_path("secrets") + "[" + std::to_string(i) + "]";
     const std::string& secret = c.secrets[i];
     if (secret.rfind("whsec_", 0) != 0) {
-      throw ConfigError(key + ": expected a Standard Webhooks secret, whsec_ followed by the base64 key; "
-                              "the value does not start with whsec_");
+      throw ConfigError(key +
+                        ": expected a Standard Webhooks secret, whsec_ followed by the base64 key; "
+                        "the value does not start with whsec_");
     }
     auto decoded = webhook::decode_whsec_secret(secret);
     if (!decoded) {
-      throw ConfigError(key + ": expected a Standard Webhooks secret, whsec_ followed by the base64 key; "
-                              "the part after whsec_ is not valid base64 (or is empty)");
+      throw ConfigError(key +
+                        ": expected a Standard Webhooks secret, whsec_ followed by the base64 key; "
+                        "the part after whsec_ is not valid base64 (or is empty)");
     }
     c.signing_keys.push_back(std::move(*decoded));
   }
@@ -133,9 +136,9 @@ void parse_tls(config::Section& s, WebhookSinkConfig& c) {
 }  // namespace
 
 bool is_reserved_webhook_header(const std::string& name) {
-  static const std::set<std::string> kReserved{"content-type",      "content-length",    "transfer-encoding",
-                                               "host",              "expect",            "connection",
-                                               "webhook-id",        "webhook-timestamp", "webhook-signature"};
+  static const std::set<std::string> kReserved{
+      "content-type", "content-length",    "transfer-encoding", "host", "expect", "connection",
+      "webhook-id",   "webhook-timestamp", "webhook-signature"};
   return kReserved.count(lower(name)) > 0;
 }
 

@@ -26,11 +26,11 @@ struct WebhookTlsConfig {
 };
 
 struct WebhookSinkConfig {
-  std::string url;         // may carry a password: log url_for_logs instead
-  std::string url_for_logs;  // url with any password replaced by *****
+  std::string url;                                           // may carry a password: log url_for_logs instead
+  std::string url_for_logs;                                  // url with any password replaced by *****
   std::vector<std::pair<std::string, std::string>> headers;  // static headers, in config order
-  std::vector<std::string> secrets;       // the whsec_ texts as configured: secret, never logged
-  std::vector<std::string> signing_keys;  // their decoded key bytes, in the same order
+  std::vector<std::string> secrets;                          // the whsec_ texts as configured: secret, never logged
+  std::vector<std::string> signing_keys;                     // their decoded key bytes, in the same order
   std::chrono::milliseconds timeout{10'000};
   int max_in_flight = 16;
   WebhookTlsConfig tls;

@@ -13,7 +13,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 constexpr std::array<std::string_view, 7> kDays{"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
-constexpr std::array<std::string_view, 7> kLongDays{"Sunday", "Monday", "Tuesday", "Wednesday",
+constexpr std::array<std::string_view, 7> kLongDays{"Sunday",   "Monday", "Tuesday", "Wednesday",
                                                     "Thursday", "Friday", "Saturday"};
 constexpr std::array<std::string_view, 12> kMonths{"Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                                    "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
@@ -68,8 +68,8 @@ class Cursor {
 };
 
 bool time_of_day(Cursor& c, int& h, int& m, int& s) {
-  return c.digits(2, h) && c.literal(":") && c.digits(2, m) && c.literal(":") && c.digits(2, s) && h <= 23 &&
-         m <= 59 && s <= 60;  // 60: a leap second is still a valid date
+  return c.digits(2, h) && c.literal(":") && c.digits(2, m) && c.literal(":") && c.digits(2, s) && h <= 23 && m <= 59 &&
+         s <= 60;  // 60: a leap second is still a valid date
 }
 
 std::optional<std::chrono::sys_seconds> to_time(int year, int month0, int day, int h, int m, int s) {
@@ -93,16 +93,16 @@ std::optional<std::chrono::sys_seconds> parse_http_date(std::string_view text) {
   {  // RFC 850: Sunday, 06-Nov-94 08:49:37 GMT (two-digit years: 70-99 are 19xx, the rest 20xx)
     Cursor c(text);
     if (c.one_of(kLongDays, wday) && c.literal(", ") && c.digits(2, day) && c.literal("-") &&
-        c.one_of(kMonths, month) && c.literal("-") && c.digits(2, year) && c.literal(" ") &&
-        time_of_day(c, h, m, s) && c.literal(" GMT") && c.done()) {
+        c.one_of(kMonths, month) && c.literal("-") && c.digits(2, year) && c.literal(" ") && time_of_day(c, h, m, s) &&
+        c.literal(" GMT") && c.done()) {
       return to_time(year >= 70 ? 1900 + year : 2000 + year, month, day, h, m, s);
     }
   }
   {  // asctime: Sun Nov  6 08:49:37 1994
     Cursor c(text);
     if (c.one_of(kDays, wday) && c.literal(" ") && c.one_of(kMonths, month) && c.literal(" ") &&
-        c.day_space_padded(day) && c.literal(" ") && time_of_day(c, h, m, s) && c.literal(" ") &&
-        c.digits(4, year) && c.done()) {
+        c.day_space_padded(day) && c.literal(" ") && time_of_day(c, h, m, s) && c.literal(" ") && c.digits(4, year) &&
+        c.done()) {
       return to_time(year, month, day, h, m, s);
     }
   }
@@ -210,10 +210,8 @@ std::string body_excerpt(std::string_view body, std::size_t limit) {
 
 Outcome classify_response(long status, std::string_view body, std::optional<milliseconds> retry_after) {
   switch (classify_status(status)) {
-    case StatusClass::kDelivered:
-      return Outcome::delivered();
-    case StatusClass::kPermanent:
-      return Outcome::permanent(status_reason(status, body));
+    case StatusClass::kDelivered: return Outcome::delivered();
+    case StatusClass::kPermanent: return Outcome::permanent(status_reason(status, body));
     case StatusClass::kRetry: {
       std::string reason = status_reason(status, body);
       if (retry_after) reason += " (Retry-After " + std::to_string(retry_after->count()) + "ms)";
@@ -225,12 +223,10 @@ Outcome classify_response(long status, std::string_view body, std::optional<mill
 
 TransferFailure classify_transfer_error(int curl_code) {
   switch (curl_code) {  // an int: codes from a newer libcurl may lie outside the enum
-    case CURLE_OPERATION_TIMEDOUT:
-      return TransferFailure::kTimeout;
+    case CURLE_OPERATION_TIMEDOUT: return TransferFailure::kTimeout;
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_RESOLVE_PROXY:
-    case CURLE_COULDNT_CONNECT:
-      return TransferFailure::kConnect;
+    case CURLE_COULDNT_CONNECT: return TransferFailure::kConnect;
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_PEER_FAILED_VERIFICATION:
     case CURLE_SSL_CERTPROBLEM:
@@ -244,18 +240,15 @@ TransferFailure classify_transfer_error(int curl_code) {
     case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
     case CURLE_SSL_INVALIDCERTSTATUS:
     case CURLE_SSL_SHUTDOWN_FAILED:
-    case CURLE_SSL_CLIENTCERT:
-      return TransferFailure::kTls;
+    case CURLE_SSL_CLIENTCERT: return TransferFailure::kTls;
     case CURLE_SEND_ERROR:
     case CURLE_RECV_ERROR:
     case CURLE_GOT_NOTHING:
     case CURLE_PARTIAL_FILE:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
-    case CURLE_WEIRD_SERVER_REPLY:
-      return TransferFailure::kSendReceive;
-    default:
-      return TransferFailure::kOther;  // still a retry: only listed HTTP statuses are permanent
+    case CURLE_WEIRD_SERVER_REPLY: return TransferFailure::kSendReceive;
+    default: return TransferFailure::kOther;  // still a retry: only listed HTTP statuses are permanent
   }
 }
 

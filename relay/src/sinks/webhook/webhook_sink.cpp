@@ -17,8 +17,8 @@
 #include "sinks/common/batch_log.hpp"
 #include "sinks/common/c_handle.hpp"
 #include "sinks/webhook/dispatch.hpp"
-#include "sinks/webhook/webhook_outcomes.hpp"
 #include "sinks/webhook/signature.hpp"
+#include "sinks/webhook/webhook_outcomes.hpp"
 #include "version.hpp"
 
 namespace outbox::sinks {
@@ -81,12 +81,12 @@ namespace webhook {
 // Slots never move (held by unique_ptr) because curl keeps pointers to them.
 struct Transfer {
   EasyPtr easy;
-  SlistPtr headers;                      // the current request's header list; curl borrows it
-  std::string body;                      // the first kMaxBodyExcerpt bytes of the response
-  std::string retry_after;               // Retry-After of the final response, if any
+  SlistPtr headers;         // the current request's header list; curl borrows it
+  std::string body;         // the first kMaxBodyExcerpt bytes of the response
+  std::string retry_after;  // Retry-After of the final response, if any
   std::array<char, CURL_ERROR_SIZE> error{};
-  std::size_t index = 0;                 // the event's index in the batch
-  bool attached = false;                 // added to the multi handle
+  std::size_t index = 0;  // the event's index in the batch
+  bool attached = false;  // added to the multi handle
 
   static std::size_t on_body(char* data, std::size_t size, std::size_t count, void* self) {
     auto* t = static_cast<Transfer*>(self);
@@ -266,6 +266,31 @@ WebhookSink::WebhookSink(std::string name, WebhookSinkConfig config) : name_(std
 
 WebhookSink::~WebhookSink() = default;
 
+namespace {
+
+// The batch's line in the log: at warn with the first error when a request failed, else at debug.
+void log_webhook_batch(const std::string& name, const std::vector<Outcome>& outcomes, long new_connections,
+                       Steady::time_point started) {
+  const BatchSummary summary = BatchSummary::of(outcomes);
+  const auto elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - started).count();
+  nlohmann::json fields{{"sink", name},
+                        {"events", outcomes.size()},
+                        {"delivered", summary.delivered},
+                        {"retry", summary.retry},
+                        {"permanent", summary.permanent},
+                        {"deferred", summary.deferred},
+                        {"new_connections", new_connections},
+                        {"ms", elapsed_ms}};
+  if (summary.first_failure) {
+    fields["first_error"] = summary.first_failure->reason;
+    log::warn("webhook requests failed", std::move(fields));
+  } else {
+    log::debug("webhook batch sent", std::move(fields));
+  }
+}
+
+}  // namespace
+
 std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) {
   Impl& im = *impl_;
   struct Detach {  // whatever happens, no handle stays attached to the multi handle after a batch
@@ -333,11 +358,13 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
 
       if (result == CURLE_OK) {
         usable_ = true;
-        record(t.index, webhook::classify_response(
-                            status, t.body, webhook::parse_retry_after(t.retry_after, std::chrono::system_clock::now())));
+        record(t.index,
+               webhook::classify_response(status, t.body,
+                                          webhook::parse_retry_after(t.retry_after, std::chrono::system_clock::now())));
       } else {
         usable_ = false;
-        record(t.index, webhook::transfer_error_outcome(result, t.error[0] ? t.error.data() : curl_easy_strerror(result)));
+        record(t.index,
+               webhook::transfer_error_outcome(result, t.error[0] ? t.error.data() : curl_easy_strerror(result)));
       }
       idle.push_back(&t);
       --running;
@@ -357,10 +384,9 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
   }
 
   for (const auto& unsent : plan.unsent()) {
-    results[unsent.index] = unsent.blocked
-                                ? Outcome::deferred()
-                                : Outcome{OutcomeKind::kDeferred, "not sent: the batch reached the sink timeout",
-                                          std::nullopt};
+    results[unsent.index] =
+        unsent.blocked ? Outcome::deferred()
+                       : Outcome{OutcomeKind::kDeferred, "not sent: the batch reached the sink timeout", std::nullopt};
   }
   std::vector<Outcome> outcomes;
   outcomes.reserve(events.size());
@@ -368,22 +394,7 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
     if (!r) r = Outcome::retry("internal error: the webhook sink lost track of this event");
     outcomes.push_back(std::move(*r));
   }
-  const BatchSummary summary = BatchSummary::of(outcomes);
-  const auto elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Steady::now() - started).count();
-  nlohmann::json fields{{"sink", name_},
-                        {"events", events.size()},
-                        {"delivered", summary.delivered},
-                        {"retry", summary.retry},
-                        {"permanent", summary.permanent},
-                        {"deferred", summary.deferred},
-                        {"new_connections", new_connections},
-                        {"ms", elapsed_ms}};
-  if (summary.first_failure) {
-    fields["first_error"] = summary.first_failure->reason;
-    log::warn("webhook requests failed", std::move(fields));
-  } else {
-    log::debug("webhook batch sent", std::move(fields));
-  }
+  log_webhook_batch(name_, outcomes, new_connections, started);
   return outcomes;
 }
 

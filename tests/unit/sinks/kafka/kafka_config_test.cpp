@@ -6,11 +6,11 @@
 #include "app/run.hpp"
 #include "config/config.hpp"
 #include "log/log.hpp"
-#include "sinks/registry.hpp"
 #include "sinks/kafka/kafka_config.hpp"
-#include "support/sinks.hpp"
 #include "sinks/kafka/kafka_sink.hpp"
+#include "sinks/registry.hpp"
 #include "support/env.hpp"
+#include "support/sinks.hpp"
 
 using namespace outbox;
 using config::ConfigError;
@@ -74,7 +74,8 @@ TEST_CASE("kafka config: errors name the key and what was expected") {
   CHECK(entry.error_of("    brokers: b:1\n    topic: 'events.{name}'\n").find("sinks[0].topic: unexpected '{'") == 0);
   CHECK(entry.error_of("    brokers: b:1\n    topic: 'events/{topic}'\n").find("sinks[0].topic: unexpected '/'") == 0);
   CHECK(entry.error_of("    brokers: b:1\n    topic: ''\n").find("sinks[0].topic:") == 0);
-  CHECK(entry.error_of("    brokers: b:1\n    topic: '..'\n").find("sinks[0].topic: '..' is not a valid Kafka topic") == 0);
+  CHECK(entry.error_of("    brokers: b:1\n    topic: '..'\n").find("sinks[0].topic: '..' is not a valid Kafka topic") ==
+        0);
   CHECK(entry.error_of("    brokers: b:1\n    delivery_timeout: 10ms\n") ==
         "sinks[0].delivery_timeout: expected 100ms to 1h, got 10ms");
   CHECK(entry.error_of("    brokers: b:1\n    properties: {no.such.property: 1}\n")
@@ -90,7 +91,8 @@ TEST_CASE("kafka config: errors name the key and what was expected") {
   CHECK(entry.error_of("    brokers: b:1\n    properties: {transactional.id: t}\n")
             .find("sinks[0].properties.transactional.id: not allowed here") == 0);
   CHECK(entry.error_of("    brokers: b:1\n    propertys: {}\n").find("sinks[0].propertys: unknown key") == 0);
-  CHECK(entry.error_of("    brokers: b:1\n    properties: [a]\n") == "sinks[0].properties: expected a mapping of strings");
+  CHECK(entry.error_of("    brokers: b:1\n    properties: [a]\n") ==
+        "sinks[0].properties: expected a mapping of strings");
 }
 
 TEST_CASE("kafka config: topic templates") {

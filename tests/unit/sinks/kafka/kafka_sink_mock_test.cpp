@@ -117,8 +117,10 @@ struct Record {
 std::vector<Record> read_topic(const std::string& bootstraps, const std::string& topic, int partitions) {
   char err[256];
   rd_kafka_conf_t* conf = quiet_conf();
-  for (auto [k, v] : {std::pair{"bootstrap.servers", bootstraps.c_str()}, {"group.id", "outbox-test-reader"},
-                      {"enable.auto.commit", "false"}, {"enable.partition.eof", "false"}}) {
+  for (auto [k, v] : {std::pair{"bootstrap.servers", bootstraps.c_str()},
+                      {"group.id", "outbox-test-reader"},
+                      {"enable.auto.commit", "false"},
+                      {"enable.partition.eof", "false"}}) {
     REQUIRE(rd_kafka_conf_set(conf, k, v, err, sizeof err) == RD_KAFKA_CONF_OK);
   }
   KafkaPtr consumer(rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, sizeof err));
@@ -172,8 +174,9 @@ std::size_t check_topic(const std::vector<Record>& records, const std::map<Event
   std::map<EventId, int> seen;
   std::map<std::string, EventId> last_first_of_key;
   std::vector<Record> sorted = records;
-  std::sort(sorted.begin(), sorted.end(),
-            [](const Record& a, const Record& b) { return std::tie(a.partition, a.offset) < std::tie(b.partition, b.offset); });
+  std::sort(sorted.begin(), sorted.end(), [](const Record& a, const Record& b) {
+    return std::tie(a.partition, a.offset) < std::tie(b.partition, b.offset);
+  });
   for (const auto& r : sorted) {
     const EventId id = r.id();
     REQUIRE(expected_keys.count(id));
@@ -258,7 +261,8 @@ class MemoryStore final : public Store {
         std::count_if(rows.begin(), rows.end(), [](const auto& r) { return !r.second.done && !r.second.dead; }));
   }
   std::size_t done_count() const {
-    return static_cast<std::size_t>(std::count_if(rows.begin(), rows.end(), [](const auto& r) { return r.second.done; }));
+    return static_cast<std::size_t>(
+        std::count_if(rows.begin(), rows.end(), [](const auto& r) { return r.second.done; }));
   }
   std::optional<SteadyClock::time_point> earliest_due() const {
     std::optional<SteadyClock::time_point> due;
@@ -290,8 +294,8 @@ struct Harness {
       if (tick) tick();
       if (loop.run_once().claimed == 0) {
         // Everything left waits for its backoff: wait until the earliest is due.
-        std::this_thread::sleep_until(std::min(store.earliest_due().value_or(SteadyClock::now()),
-                                               SteadyClock::now() + milliseconds{100}));
+        std::this_thread::sleep_until(
+            std::min(store.earliest_due().value_or(SteadyClock::now()), SteadyClock::now() + milliseconds{100}));
       }
     }
   }
@@ -349,249 +353,250 @@ bool wait_for(const std::function<bool()>& condition, seconds limit) {
 }  // namespace
 
 TEST_SUITE("kafka-mock") {
+  TEST_CASE("kafka mock: a batch is delivered with key, value and headers; usable() follows the brokers") {
+    QuietLogs quiet;
+    MockCluster cluster(3);
+    cluster.create_topic("outbox.orders", 4);
+    KafkaSink sink("kafka", sink_config(cluster));
+    CHECK(wait_for([&] { return sink.usable(); }, seconds{10}));
 
-TEST_CASE("kafka mock: a batch is delivered with key, value and headers; usable() follows the brokers") {
-  QuietLogs quiet;
-  MockCluster cluster(3);
-  cluster.create_topic("outbox.orders", 4);
-  KafkaSink sink("kafka", sink_config(cluster));
-  CHECK(wait_for([&] { return sink.usable(); }, seconds{10}));
+    std::vector<Event> events{event(1, "a", R"({"amount": 12.5})"), event(2, "b"), event(3, "a")};
+    events[0].headers = {{"trace", "t-1"}, {"tenant", "acme"}};
+    const auto outcomes = sink.publish(pointers(events));
+    REQUIRE(outcomes.size() == 3);
+    for (const auto& o : outcomes) CHECK(o.kind == OutcomeKind::kDelivered);
 
-  std::vector<Event> events{event(1, "a", R"({"amount": 12.5})"), event(2, "b"), event(3, "a")};
-  events[0].headers = {{"trace", "t-1"}, {"tenant", "acme"}};
-  const auto outcomes = sink.publish(pointers(events));
-  REQUIRE(outcomes.size() == 3);
-  for (const auto& o : outcomes) CHECK(o.kind == OutcomeKind::kDelivered);
+    const auto records = read_topic(cluster.bootstraps(), "outbox.orders", 4);
+    REQUIRE(records.size() == 3);
+    const auto first = *std::find_if(records.begin(), records.end(), [](const Record& r) { return r.id() == 1; });
+    CHECK(first.key == "a");
+    CHECK(first.value == R"({"amount": 12.5})");
+    REQUIRE(first.headers.size() == 5);
+    CHECK(first.headers[0] == Header{"outbox-id", "1"});
+    CHECK(first.headers[1] == Header{"outbox-topic", "orders"});
+    CHECK(first.headers[2] == Header{"outbox-created-at", "2026-11-30T06:32:22.123456Z"});
+    CHECK(first.headers[3] == Header{"trace", "t-1"});
+    CHECK(first.headers[4] == Header{"tenant", "acme"});
 
-  const auto records = read_topic(cluster.bootstraps(), "outbox.orders", 4);
-  REQUIRE(records.size() == 3);
-  const auto first = *std::find_if(records.begin(), records.end(), [](const Record& r) { return r.id() == 1; });
-  CHECK(first.key == "a");
-  CHECK(first.value == R"({"amount": 12.5})");
-  REQUIRE(first.headers.size() == 5);
-  CHECK(first.headers[0] == Header{"outbox-id", "1"});
-  CHECK(first.headers[1] == Header{"outbox-topic", "orders"});
-  CHECK(first.headers[2] == Header{"outbox-created-at", "2026-11-30T06:32:22.123456Z"});
-  CHECK(first.headers[3] == Header{"trace", "t-1"});
-  CHECK(first.headers[4] == Header{"tenant", "acme"});
+    cluster.all_brokers(false);
+    CHECK(wait_for([&] { return !sink.usable(); }, seconds{10}));
+    cluster.all_brokers(true);
+    CHECK(wait_for([&] { return sink.usable(); }, seconds{15}));
+  }
 
-  cluster.all_brokers(false);
-  CHECK(wait_for([&] { return !sink.usable(); }, seconds{10}));
-  cluster.all_brokers(true);
-  CHECK(wait_for([&] { return sink.usable(); }, seconds{15}));
-}
+  TEST_CASE("kafka mock: brokers down for several seconds during a backlog: nothing lost, per-key order kept") {
+    QuietLogs quiet;
+    MockCluster cluster(3);
+    cluster.create_topic("outbox.orders", 4);
+    KafkaSink sink("kafka", sink_config(cluster));
+    Harness h(sink);
+    for (int i = 0; i < 4000; ++i)
+      h.store.add("orders", "key-" + std::to_string(i % 40), R"({"i":)" + std::to_string(i) + "}");
 
-TEST_CASE("kafka mock: brokers down for several seconds during a backlog: nothing lost, per-key order kept") {
-  QuietLogs quiet;
-  MockCluster cluster(3);
-  cluster.create_topic("outbox.orders", 4);
-  KafkaSink sink("kafka", sink_config(cluster));
-  Harness h(sink);
-  for (int i = 0; i < 4000; ++i) h.store.add("orders", "key-" + std::to_string(i % 40), R"({"i":)" + std::to_string(i) + "}");
-
-  std::optional<SteadyClock::time_point> went_down;
-  bool came_up = false;
-  std::size_t done_when_down = 0;
-  h.drain(seconds{90}, [&] {
-    if (!went_down && h.store.done_count() >= 600) {
-      cluster.all_brokers(false);
-      went_down = SteadyClock::now();
-      done_when_down = h.store.done_count();
-    } else if (went_down && !came_up && SteadyClock::now() - *went_down >= seconds{4}) {
-      // Rows marked done while the brokers were down would be rows Kafka never acknowledged.
-      CHECK(h.store.done_count() == done_when_down);
-      cluster.all_brokers(true);
-      came_up = true;
+    std::optional<SteadyClock::time_point> went_down;
+    bool came_up = false;
+    std::size_t done_when_down = 0;
+    h.drain(seconds{90}, [&] {
+      if (!went_down && h.store.done_count() >= 600) {
+        cluster.all_brokers(false);
+        went_down = SteadyClock::now();
+        done_when_down = h.store.done_count();
+      } else if (went_down && !came_up && SteadyClock::now() - *went_down >= seconds{4}) {
+        // Rows marked done while the brokers were down would be rows Kafka never acknowledged.
+        CHECK(h.store.done_count() == done_when_down);
+        cluster.all_brokers(true);
+        came_up = true;
+      }
+    });
+    REQUIRE(came_up);
+    for (const auto& [id, row] : h.store.rows) {
+      CAPTURE(id);
+      CHECK(row.done);
+      CHECK_FALSE(row.dead);
     }
-  });
-  REQUIRE(came_up);
-  for (const auto& [id, row] : h.store.rows) {
-    CAPTURE(id);
-    CHECK(row.done);
-    CHECK_FALSE(row.dead);
+    CHECK(h.store.retries > 0);  // the outage was seen as retries, not as losses
+    CHECK(sink.producer_replacements() > 0);
+    const auto duplicates = check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 4), h.keys_of_delivered());
+    MESSAGE("broker outage: " << h.store.retries << " retry outcomes, " << duplicates << " duplicates in the topic, "
+                              << sink.producer_replacements() << " producer replacements");
   }
-  CHECK(h.store.retries > 0);  // the outage was seen as retries, not as losses
-  CHECK(sink.producer_replacements() > 0);
-  const auto duplicates = check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 4), h.keys_of_delivered());
-  MESSAGE("broker outage: " << h.store.retries << " retry outcomes, " << duplicates << " duplicates in the topic, "
-                            << sink.producer_replacements() << " producer replacements");
-}
 
-TEST_CASE("kafka mock: injected retriable produce errors end delivered, in order") {
-  QuietLogs quiet;
-  MockCluster cluster(3);
-  cluster.create_topic("outbox.orders", 4);
-  KafkaSink sink("kafka", sink_config(cluster));
-  Harness h(sink);
-  for (int i = 0; i < 2000; ++i) h.store.add("orders", "key-" + std::to_string(i % 25), "{}");
-  // Enough errors that librdkafka's own retries outlast a batch deadline, so some surface to the
-  // relay as kRetry too.
-  std::vector<rd_kafka_resp_err_t> errors;
-  for (int i = 0; i < 150; ++i) {
-    errors.push_back(std::array{RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS, RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
-                                RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND}[i % 3]);
+  TEST_CASE("kafka mock: injected retriable produce errors end delivered, in order") {
+    QuietLogs quiet;
+    MockCluster cluster(3);
+    cluster.create_topic("outbox.orders", 4);
+    KafkaSink sink("kafka", sink_config(cluster));
+    Harness h(sink);
+    for (int i = 0; i < 2000; ++i) h.store.add("orders", "key-" + std::to_string(i % 25), "{}");
+    // Enough errors that librdkafka's own retries outlast a batch deadline, so some surface to the
+    // relay as kRetry too.
+    std::vector<rd_kafka_resp_err_t> errors;
+    for (int i = 0; i < 150; ++i) {
+      errors.push_back(std::array{RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS, RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+                                  RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND}[i % 3]);
+    }
+    cluster.push_produce_errors(errors);
+    h.drain(seconds{90});
+    for (const auto& [id, row] : h.store.rows) {
+      CAPTURE(id);
+      CHECK(row.done);
+    }
+    const auto duplicates = check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 4), h.keys_of_delivered());
+    MESSAGE("retriable errors: " << h.store.retries << " retry outcomes, " << duplicates << " duplicates");
   }
-  cluster.push_produce_errors(errors);
-  h.drain(seconds{90});
-  for (const auto& [id, row] : h.store.rows) {
-    CAPTURE(id);
-    CHECK(row.done);
-  }
-  const auto duplicates = check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 4), h.keys_of_delivered());
-  MESSAGE("retriable errors: " << h.store.retries << " retry outcomes, " << duplicates << " duplicates");
-}
 
-TEST_CASE("kafka mock: permanent errors dead-letter exactly their events, with the error name; the rest flow") {
-  QuietLogs quiet;
-  MockCluster cluster(3);
-  cluster.create_topic("outbox.orders", 4);
-  KafkaSink sink("kafka", sink_config(cluster));
-  Harness h(sink);
-  // Deterministic: every 50th event is over message.max.bytes (librdkafka refuses it locally).
-  const std::string big = "\"" + std::string(1'100'000, 'x') + "\"";
-  std::set<EventId> oversized;
-  for (int i = 0; i < 600; ++i) {
-    const bool too_big = i % 50 == 7;
-    const EventId id = h.store.add("orders", "key-" + std::to_string(i % 12), too_big ? big : "{}");
-    if (too_big) oversized.insert(id);
-  }
-  // Injected: once the first batch is through, one ProduceRequest is refused with
-  // TOPIC_AUTHORIZATION_FAILED, so the events it carried (whichever they are) are permanent.
-  bool injected = false;
-  h.drain(seconds{60}, [&] {
-    if (!injected && h.store.done_count() > 0) {
-      cluster.push_produce_errors({RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED});
-      injected = true;
+  TEST_CASE("kafka mock: permanent errors dead-letter exactly their events, with the error name; the rest flow") {
+    QuietLogs quiet;
+    MockCluster cluster(3);
+    cluster.create_topic("outbox.orders", 4);
+    KafkaSink sink("kafka", sink_config(cluster));
+    Harness h(sink);
+    // Deterministic: every 50th event is over message.max.bytes (librdkafka refuses it locally).
+    const std::string big = "\"" + std::string(1'100'000, 'x') + "\"";
+    std::set<EventId> oversized;
+    for (int i = 0; i < 600; ++i) {
+      const bool too_big = i % 50 == 7;
+      const EventId id = h.store.add("orders", "key-" + std::to_string(i % 12), too_big ? big : "{}");
+      if (too_big) oversized.insert(id);
     }
-  });
-  std::size_t refused = 0;
-  std::set<EventId> dead;
-  for (const auto& [id, row] : h.store.rows) {
-    CAPTURE(id);
-    CHECK(row.done != row.dead);
-    if (oversized.count(id)) {
-      CHECK(row.dead);
-      CHECK(row.last_error.find("kafka: MSG_SIZE_TOO_LARGE") == 0);
-    }
-    if (row.dead) {
-      dead.insert(id);
-      CHECK(row.attempts == 1);  // dead-lettered at once, not after max_attempts
-      if (!oversized.count(id)) {
-        CHECK(row.last_error.find("kafka: TOPIC_AUTHORIZATION_FAILED") == 0);
-        ++refused;
+    // Injected: once the first batch is through, one ProduceRequest is refused with
+    // TOPIC_AUTHORIZATION_FAILED, so the events it carried (whichever they are) are permanent.
+    bool injected = false;
+    h.drain(seconds{60}, [&] {
+      if (!injected && h.store.done_count() > 0) {
+        cluster.push_produce_errors({RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED});
+        injected = true;
+      }
+    });
+    std::size_t refused = 0;
+    std::set<EventId> dead;
+    for (const auto& [id, row] : h.store.rows) {
+      CAPTURE(id);
+      CHECK(row.done != row.dead);
+      if (oversized.count(id)) {
+        CHECK(row.dead);
+        CHECK(row.last_error.find("kafka: MSG_SIZE_TOO_LARGE") == 0);
+      }
+      if (row.dead) {
+        dead.insert(id);
+        CHECK(row.attempts == 1);  // dead-lettered at once, not after max_attempts
+        if (!oversized.count(id)) {
+          CHECK(row.last_error.find("kafka: TOPIC_AUTHORIZATION_FAILED") == 0);
+          ++refused;
+        }
       }
     }
+    CHECK(refused > 0);
+    // Exactly the delivered rows are in the topic, and no dead-lettered one.
+    const auto records = read_topic(cluster.bootstraps(), "outbox.orders", 4);
+    const auto delivered = h.keys_of_delivered();
+    CHECK(delivered.size() + dead.size() == 600);
+    const auto duplicates = check_topic(records, delivered);
+    for (const auto& r : records) CHECK(!dead.count(r.id()));
+    MESSAGE("permanent errors: " << oversized.size() << " oversized, " << refused << " refused by the broker, "
+                                 << duplicates << " duplicates, " << sink.producer_replacements()
+                                 << " producer replacements");
   }
-  CHECK(refused > 0);
-  // Exactly the delivered rows are in the topic, and no dead-lettered one.
-  const auto records = read_topic(cluster.bootstraps(), "outbox.orders", 4);
-  const auto delivered = h.keys_of_delivered();
-  CHECK(delivered.size() + dead.size() == 600);
-  const auto duplicates = check_topic(records, delivered);
-  for (const auto& r : records) CHECK(!dead.count(r.id()));
-  MESSAGE("permanent errors: " << oversized.size() << " oversized, " << refused << " refused by the broker, "
-                               << duplicates << " duplicates, " << sink.producer_replacements() << " producer replacements");
-}
 
-TEST_CASE("kafka mock: a fatal producer error marks nothing delivered and replaces the producer") {
-  QuietLogs quiet;
-  MockCluster cluster(3);
-  cluster.create_topic("outbox.orders", 4);
-  KafkaSink sink("kafka", sink_config(cluster, milliseconds{5000}));
-  std::vector<Event> events;
-  for (int i = 1; i <= 100; ++i) events.push_back(event(i, "key-" + std::to_string(i % 7)));
-  // A head-of-line sequence error is unrecoverable for the idempotent producer: librdkafka raises
-  // RD_KAFKA_RESP_ERR__FATAL.
-  cluster.push_produce_errors({RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER});
-  const auto failed = sink.publish(pointers(events));
-  REQUIRE(failed.size() == 100);
-  for (const auto& o : failed) {
-    CHECK(o.kind == OutcomeKind::kRetry);
-    CHECK(o.reason.find("fatal Kafka producer error") == 0);
-  }
-  CHECK(failed[0].reason.find("OUT_OF_ORDER_SEQUENCE_NUMBER") != std::string::npos);
-  CHECK(sink.producer_replacements() == 1);
-
-  const auto retried = sink.publish(pointers(events));
-  for (const auto& o : retried) CHECK(o.kind == OutcomeKind::kDelivered);
-  CHECK(sink.producer_replacements() == 1);
-  std::map<EventId, std::string> keys;
-  for (const auto& e : events) keys[e.id] = e.key;
-  check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 4), keys);
-}
-
-TEST_CASE("kafka mock: a message over message.max.bytes is permanent at once; its key and others flow") {
-  QuietLogs quiet;
-  MockCluster cluster(1);
-  cluster.create_topic("outbox.orders", 2);
-  KafkaSink sink("kafka", sink_config(cluster));
-  const std::string big = "\"" + std::string(1'200'000, 'x') + "\"";
-  std::vector<Event> events{event(1, "a"), event(2, "a", big), event(3, "a"), event(4, "b")};
-  const auto outcomes = sink.publish(pointers(events));
-  REQUIRE(outcomes.size() == 4);
-  CHECK(outcomes[0].kind == OutcomeKind::kDelivered);
-  CHECK(outcomes[1].kind == OutcomeKind::kPermanent);
-  CHECK(outcomes[1].reason.find("MSG_SIZE_TOO_LARGE") == 0);
-  CHECK(outcomes[2].kind == OutcomeKind::kDelivered);
-  CHECK(outcomes[3].kind == OutcomeKind::kDelivered);
-  CHECK(sink.producer_replacements() == 0);
-}
-
-TEST_CASE("kafka mock: a full producer queue is served, never dropped") {
-  QuietLogs quiet;
-  MockCluster cluster(1);
-  cluster.create_topic("outbox.orders", 2);
-  auto config = sink_config(cluster, milliseconds{10000});
-  config.properties["queue.buffering.max.messages"] = "10";
-  KafkaSink sink("kafka", config);
-  std::vector<Event> events;
-  for (int i = 1; i <= 500; ++i) events.push_back(event(i, "key-" + std::to_string(i % 5)));
-  const auto outcomes = sink.publish(pointers(events));
-  for (const auto& o : outcomes) CHECK(o.kind == OutcomeKind::kDelivered);
-  std::map<EventId, std::string> keys;
-  for (const auto& e : events) keys[e.id] = e.key;
-  CHECK(check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 2), keys) == 0);
-}
-
-TEST_CASE("kafka mock: brokers down with a full queue: nothing delivered, later events of a held key not produced") {
-  QuietLogs quiet;
-  MockCluster cluster(1);
-  cluster.create_topic("outbox.orders", 2);
-  auto config = sink_config(cluster, milliseconds{500});
-  config.properties["queue.buffering.max.messages"] = "10";
-  KafkaSink sink("kafka", config);
-  REQUIRE(wait_for([&] { return sink.usable(); }, seconds{10}));
-  cluster.all_brokers(false);
-
-  std::vector<Event> events;
-  for (int i = 0; i < 30; ++i) events.push_back(event(i + 1, "key-" + std::to_string(i % 4)));
-  const auto outcomes = sink.publish(pointers(events));
-  REQUIRE(outcomes.size() == 30);
-  // 0..9 were enqueued and never acknowledged (retry). 10 found the queue full until the deadline
-  // (retry, its key held); after it, the first event of each other key tries once more (queue
-  // still full: retry) and every later event of a held key is not produced (deferred).
-  std::set<std::string> held;
-  for (std::size_t i = 0; i < outcomes.size(); ++i) {
-    CAPTURE(i);
-    const auto& key = events[i].key;
-    if (i < 10) {
-      CHECK(outcomes[i].kind == OutcomeKind::kRetry);
-      CHECK(outcomes[i].reason.find("no delivery report within delivery_timeout") == 0);
-    } else if (!held.count(key)) {
-      CHECK(outcomes[i].kind == OutcomeKind::kRetry);
-      CHECK(outcomes[i].reason.find("_QUEUE_FULL") == 0);
-      held.insert(key);
-    } else {
-      CHECK(outcomes[i].kind == OutcomeKind::kDeferred);
+  TEST_CASE("kafka mock: a fatal producer error marks nothing delivered and replaces the producer") {
+    QuietLogs quiet;
+    MockCluster cluster(3);
+    cluster.create_topic("outbox.orders", 4);
+    KafkaSink sink("kafka", sink_config(cluster, milliseconds{5000}));
+    std::vector<Event> events;
+    for (int i = 1; i <= 100; ++i) events.push_back(event(i, "key-" + std::to_string(i % 7)));
+    // A head-of-line sequence error is unrecoverable for the idempotent producer: librdkafka raises
+    // RD_KAFKA_RESP_ERR__FATAL.
+    cluster.push_produce_errors({RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER});
+    const auto failed = sink.publish(pointers(events));
+    REQUIRE(failed.size() == 100);
+    for (const auto& o : failed) {
+      CHECK(o.kind == OutcomeKind::kRetry);
+      CHECK(o.reason.find("fatal Kafka producer error") == 0);
     }
-  }
-  CHECK(held.size() == 4);
-  CHECK(sink.producer_replacements() == 1);  // the unacknowledged ten are purged with it
+    CHECK(failed[0].reason.find("OUT_OF_ORDER_SEQUENCE_NUMBER") != std::string::npos);
+    CHECK(sink.producer_replacements() == 1);
 
-  cluster.all_brokers(true);
-  REQUIRE(wait_for([&] { return sink.usable(); }, seconds{10}));
-  const auto retried = sink.publish(pointers(events));
-  for (const auto& o : retried) CHECK(o.kind == OutcomeKind::kDelivered);
-}
+    const auto retried = sink.publish(pointers(events));
+    for (const auto& o : retried) CHECK(o.kind == OutcomeKind::kDelivered);
+    CHECK(sink.producer_replacements() == 1);
+    std::map<EventId, std::string> keys;
+    for (const auto& e : events) keys[e.id] = e.key;
+    check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 4), keys);
+  }
+
+  TEST_CASE("kafka mock: a message over message.max.bytes is permanent at once; its key and others flow") {
+    QuietLogs quiet;
+    MockCluster cluster(1);
+    cluster.create_topic("outbox.orders", 2);
+    KafkaSink sink("kafka", sink_config(cluster));
+    const std::string big = "\"" + std::string(1'200'000, 'x') + "\"";
+    std::vector<Event> events{event(1, "a"), event(2, "a", big), event(3, "a"), event(4, "b")};
+    const auto outcomes = sink.publish(pointers(events));
+    REQUIRE(outcomes.size() == 4);
+    CHECK(outcomes[0].kind == OutcomeKind::kDelivered);
+    CHECK(outcomes[1].kind == OutcomeKind::kPermanent);
+    CHECK(outcomes[1].reason.find("MSG_SIZE_TOO_LARGE") == 0);
+    CHECK(outcomes[2].kind == OutcomeKind::kDelivered);
+    CHECK(outcomes[3].kind == OutcomeKind::kDelivered);
+    CHECK(sink.producer_replacements() == 0);
+  }
+
+  TEST_CASE("kafka mock: a full producer queue is served, never dropped") {
+    QuietLogs quiet;
+    MockCluster cluster(1);
+    cluster.create_topic("outbox.orders", 2);
+    auto config = sink_config(cluster, milliseconds{10000});
+    config.properties["queue.buffering.max.messages"] = "10";
+    KafkaSink sink("kafka", config);
+    std::vector<Event> events;
+    for (int i = 1; i <= 500; ++i) events.push_back(event(i, "key-" + std::to_string(i % 5)));
+    const auto outcomes = sink.publish(pointers(events));
+    for (const auto& o : outcomes) CHECK(o.kind == OutcomeKind::kDelivered);
+    std::map<EventId, std::string> keys;
+    for (const auto& e : events) keys[e.id] = e.key;
+    CHECK(check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 2), keys) == 0);
+  }
+
+  TEST_CASE("kafka mock: brokers down with a full queue: nothing delivered, later events of a held key not produced") {
+    QuietLogs quiet;
+    MockCluster cluster(1);
+    cluster.create_topic("outbox.orders", 2);
+    auto config = sink_config(cluster, milliseconds{500});
+    config.properties["queue.buffering.max.messages"] = "10";
+    KafkaSink sink("kafka", config);
+    REQUIRE(wait_for([&] { return sink.usable(); }, seconds{10}));
+    cluster.all_brokers(false);
+
+    std::vector<Event> events;
+    for (int i = 0; i < 30; ++i) events.push_back(event(i + 1, "key-" + std::to_string(i % 4)));
+    const auto outcomes = sink.publish(pointers(events));
+    REQUIRE(outcomes.size() == 30);
+    // 0..9 were enqueued and never acknowledged (retry). 10 found the queue full until the deadline
+    // (retry, its key held); after it, the first event of each other key tries once more (queue
+    // still full: retry) and every later event of a held key is not produced (deferred).
+    std::set<std::string> held;
+    for (std::size_t i = 0; i < outcomes.size(); ++i) {
+      CAPTURE(i);
+      const auto& key = events[i].key;
+      if (i < 10) {
+        CHECK(outcomes[i].kind == OutcomeKind::kRetry);
+        CHECK(outcomes[i].reason.find("no delivery report within delivery_timeout") == 0);
+      } else if (!held.count(key)) {
+        CHECK(outcomes[i].kind == OutcomeKind::kRetry);
+        CHECK(outcomes[i].reason.find("_QUEUE_FULL") == 0);
+        held.insert(key);
+      } else {
+        CHECK(outcomes[i].kind == OutcomeKind::kDeferred);
+      }
+    }
+    CHECK(held.size() == 4);
+    CHECK(sink.producer_replacements() == 1);  // the unacknowledged ten are purged with it
+
+    cluster.all_brokers(true);
+    REQUIRE(wait_for([&] { return sink.usable(); }, seconds{10}));
+    const auto retried = sink.publish(pointers(events));
+    for (const auto& o : retried) CHECK(o.kind == OutcomeKind::kDelivered);
+  }
 
 }  // TEST_SUITE

@@ -58,12 +58,12 @@ TEST_CASE("nats config: errors name the key and what was expected") {
   CHECK(entry.error_of("    url: 'nats://a:1,,nats://b:2'\n").find("sinks[0].url: empty URL in the list") == 0);
   CHECK(entry.error_of("    url: 'nats://a b:1'\n").find("sinks[0].url: expected nats://") == 0);
   CHECK(entry.error_of("    url: 'nats://h:99999'\n") == "sinks[0].url: port 99999 out of range 1..65535");
-  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events.{name}'\n").find("sinks[0].subject: unexpected '{'") ==
-        0);
-  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events {topic}'\n").find("sinks[0].subject: unexpected ' '") ==
-        0);
-  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events.*'\n").find("sinks[0].subject: 'events.*' does not") ==
-        0);
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events.{name}'\n")
+            .find("sinks[0].subject: unexpected '{'") == 0);
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events {topic}'\n")
+            .find("sinks[0].subject: unexpected ' '") == 0);
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events.*'\n")
+            .find("sinks[0].subject: 'events.*' does not") == 0);
   CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'events.>'\n").find("sinks[0].subject:") == 0);
   CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: 'a..{topic}'\n").find("sinks[0].subject:") == 0);
   CHECK(entry.error_of("    url: 'nats://h:1'\n    subject: '.{topic}'\n").find("sinks[0].subject:") == 0);
@@ -71,8 +71,9 @@ TEST_CASE("nats config: errors name the key and what was expected") {
   CHECK(entry.error_of("    url: 'nats://h:1'\n    timeout: 10ms\n") ==
         "sinks[0].timeout: expected a duration from 100ms to 10m, got 10ms");
   CHECK(entry.error_of("    url: 'nats://h:1'\n    timeout: soon\n").find("sinks[0].timeout:") == 0);
-  CHECK(entry.error_of("    url: 'nats://h:1'\n    max_in_flight: 0\n").find("sinks[0].max_in_flight: expected a whole "
-                                                                       "number from 1 to 65536") == 0);
+  CHECK(entry.error_of("    url: 'nats://h:1'\n    max_in_flight: 0\n")
+            .find("sinks[0].max_in_flight: expected a whole "
+                  "number from 1 to 65536") == 0);
   CHECK(entry.error_of("    url: 'nats://h:1'\n    no_stream: ignore\n") ==
         "sinks[0].no_stream: unsupported value 'ignore', expected one of: retry, permanent");
   CHECK(entry.error_of("    url: 'nats://h:1'\n    stream: X\n").find("sinks[0].stream: unknown key") == 0);

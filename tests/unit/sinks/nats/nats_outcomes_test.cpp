@@ -76,11 +76,11 @@ TEST_CASE("nats outcomes: everything else retries, also codes this nats.c does n
     CHECK(classify_nats_error(NATS_ERR, code, true) == NatsErrorClass::kRetry);
   }
   // Transient cases by name, as operators meet them.
-  CHECK(classify_nats_error(NATS_TIMEOUT, 0, true) == NatsErrorClass::kRetry);           // no PubAck in time
+  CHECK(classify_nats_error(NATS_TIMEOUT, 0, true) == NatsErrorClass::kRetry);  // no PubAck in time
   CHECK(classify_nats_error(NATS_CONNECTION_DISCONNECTED, 0, true) == NatsErrorClass::kRetry);
   CHECK(classify_nats_error(NATS_ERR, JSStreamStoreFailedErr, true) == NatsErrorClass::kRetry);  // limits, discard new
   CHECK(classify_nats_error(NATS_ERR, JSClusterNotAvailErr, true) == NatsErrorClass::kRetry);
   CHECK(classify_nats_error(NATS_ERR, 0, true) == NatsErrorClass::kRetry);      // an error without a code
-  CHECK(classify_nats_error(9999, 0, true) == NatsErrorClass::kRetry);           // a status from a newer nats.c
+  CHECK(classify_nats_error(9999, 0, true) == NatsErrorClass::kRetry);          // a status from a newer nats.c
   CHECK(classify_nats_error(NATS_ERR, 19999, true) == NatsErrorClass::kRetry);  // a code from a newer server
 }

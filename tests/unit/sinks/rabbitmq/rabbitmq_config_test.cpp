@@ -65,15 +65,16 @@ TEST_CASE("rabbitmq config: defaults and every key") {
 TEST_CASE("rabbitmq config: amqps:// is TLS, verified unless insecure_skip_verify") {
   const auto plain = entry.settings("    url: 'amqp://broker'\n    exchange: outbox\n");
   CHECK_FALSE(plain.tls);
-  CHECK_FALSE(outbox::testing::describe_with_sinks(entry.config("    url: 'amqp://broker'\n    exchange: x\n"))["sinks"][0]
-                  .contains("tls"));
+  CHECK_FALSE(
+      outbox::testing::describe_with_sinks(entry.config("    url: 'amqp://broker'\n    exchange: x\n"))["sinks"][0]
+          .contains("tls"));
   const auto d = entry.settings("    url: 'amqps://relay:pw-tls-1@broker/'\n    exchange: outbox\n");
   CHECK(d.tls);
-  CHECK(d.port == 5671);  // the AMQPS port
+  CHECK(d.port == 5671);               // the AMQPS port
   CHECK(d.tls_files.ca_file.empty());  // the system CA store
   CHECK_FALSE(d.tls_files.insecure_skip_verify);
-  const auto j = outbox::testing::describe_with_sinks(
-      entry.config("    url: 'amqps://broker:5673/'\n    exchange: x\n    tls: {insecure_skip_verify: true}\n"))["sinks"][0];
+  const auto j = outbox::testing::describe_with_sinks(entry.config(
+      "    url: 'amqps://broker:5673/'\n    exchange: x\n    tls: {insecure_skip_verify: true}\n"))["sinks"][0];
   CHECK(j["url"] == "amqps://broker:5673/");
   CHECK(j["tls"]["insecure_skip_verify"] == true);
   CHECK(j["tls"]["ca_file"] == "");
@@ -111,7 +112,8 @@ TEST_CASE("rabbitmq config: errors name the key and what was expected") {
         "sinks[0].tls.ca_file: cannot read /nonexistent/ca.pem");
   CHECK(entry.error_of("    url: 'amqp://h'\n").find("sinks[0].exchange: required, but missing") == 0);
   CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: 'a b'\n").find("sinks[0].exchange: unexpected ' '") == 0);
-  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: 'x.{key}'\n").find("sinks[0].exchange: unexpected '{'") == 0);
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: 'x.{key}'\n").find("sinks[0].exchange: unexpected '{'") ==
+        0);
   CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: '" + std::string(256, 'a') + "'\n") ==
         "sinks[0].exchange: longer than 255 bytes");
   CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    routing_key: '{name}'\n")
@@ -120,16 +122,21 @@ TEST_CASE("rabbitmq config: errors name the key and what was expected") {
             .find("sinks[0].routing_key: unexpected '}'") == 0);
   CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    timeout: 10ms\n") ==
         "sinks[0].timeout: expected 100ms to 10m, got 10ms");
-  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    max_in_flight: 0\n").find("sinks[0].max_in_flight:") == 0);
-  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    max_in_flight: 70000\n").find("sinks[0].max_in_flight:") ==
-        0);
+  CHECK(
+      entry.error_of("    url: 'amqp://h'\n    exchange: x\n    max_in_flight: 0\n").find("sinks[0].max_in_flight:") ==
+      0);
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    max_in_flight: 70000\n")
+            .find("sinks[0].max_in_flight:") == 0);
   CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    recovery_grace: 2h\n") ==
         "sinks[0].recovery_grace: expected 0s to 1h, got 2h");
-  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    recovery_grace: soon\n").find("sinks[0].recovery_grace:") ==
-        0);
-  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    exchang: y\n").find("sinks[0].exchang: unknown key") == 0);
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    recovery_grace: soon\n")
+            .find("sinks[0].recovery_grace:") == 0);
+  CHECK(
+      entry.error_of("    url: 'amqp://h'\n    exchange: x\n    exchang: y\n").find("sinks[0].exchang: unknown key") ==
+      0);
   // The URL (it may carry a password) never appears in an error.
-  CHECK(entry.error_of("    url: 'amqp://u:hidden-pw-9@h:bad'\n    exchange: x\n").find("hidden-pw-9") == std::string::npos);
+  CHECK(entry.error_of("    url: 'amqp://u:hidden-pw-9@h:bad'\n    exchange: x\n").find("hidden-pw-9") ==
+        std::string::npos);
 }
 
 TEST_CASE("rabbitmq config: templates") {

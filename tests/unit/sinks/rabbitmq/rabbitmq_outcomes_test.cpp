@@ -8,8 +8,8 @@
 
 #include "sinks/rabbitmq/rabbitmq_outcomes.hpp"
 
-using outbox::sinks::AmqpErrorClass;
 using outbox::sinks::amqp_reply_name;
+using outbox::sinks::AmqpErrorClass;
 using outbox::sinks::classify_amqp_reply;
 
 TEST_CASE("rabbitmq outcomes: only the listed reply codes are permanent") {

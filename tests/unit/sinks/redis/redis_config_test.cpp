@@ -45,15 +45,18 @@ TEST_CASE("redis config: defaults") {
 }
 
 TEST_CASE("redis config: every key") {
-  const auto ca = temp_file("redis-config-test-ca.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
-  const auto key = temp_file("redis-config-test-key.pem", "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n");
-  const auto c = entry.settings("    url: 'rediss://relay:${REDIS_PW}@redis.example.com:6380/2'\n"
-                          "    stream: 'outbox.{topic}.v1'\n"
-                          "    maxlen: 100000\n"
-                          "    timeout: 2s\n"
-                          "    tls: {ca_file: '" + ca + "', cert_file: '" + ca + "', key_file: '" + key +
-                              "', insecure_skip_verify: false}\n",
-                          env_of({{"REDIS_PW", "p%40ss-w0rd-redis"}}));
+  const auto ca =
+      temp_file("redis-config-test-ca.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+  const auto key =
+      temp_file("redis-config-test-key.pem", "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n");
+  const auto c = entry.settings(
+      "    url: 'rediss://relay:${REDIS_PW}@redis.example.com:6380/2'\n"
+      "    stream: 'outbox.{topic}.v1'\n"
+      "    maxlen: 100000\n"
+      "    timeout: 2s\n"
+      "    tls: {ca_file: '" +
+          ca + "', cert_file: '" + ca + "', key_file: '" + key + "', insecure_skip_verify: false}\n",
+      env_of({{"REDIS_PW", "p%40ss-w0rd-redis"}}));
   CHECK(c.tls);
   CHECK(c.host == "redis.example.com");
   CHECK(c.port == 6380);
@@ -87,7 +90,8 @@ TEST_CASE("redis config: password-only URLs and IPv6 hosts") {
 }
 
 TEST_CASE("redis config: every error names its key") {
-  const auto ca = temp_file("redis-config-test-ca2.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
+  const auto ca =
+      temp_file("redis-config-test-ca2.pem", "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
   const auto not_pem = temp_file("redis-config-test-not-pem.txt", "hello\n");
   struct Case {
     std::string yaml;
@@ -114,15 +118,20 @@ TEST_CASE("redis config: every error names its key") {
       {"    url: redis://h\n    timeout: 50ms\n", "sinks[0].timeout: expected a duration from 100ms to 10m, got 50ms"},
       {"    url: redis://h\n    timeout: 11m\n", "sinks[0].timeout: expected a duration from 100ms to 10m"},
       {"    url: redis://h\n    timeout: soon\n", "sinks[0].timeout: expected a duration"},
-      {"    url: redis://h\n    tls: {insecure_skip_verify: true}\n", "sinks[0].tls: TLS settings apply to rediss:// urls only"},
-      {"    url: rediss://h\n    tls: {ca_file: /nonexistent/ca.pem}\n", "sinks[0].tls.ca_file: cannot read /nonexistent/ca.pem"},
+      {"    url: redis://h\n    tls: {insecure_skip_verify: true}\n",
+       "sinks[0].tls: TLS settings apply to rediss:// urls only"},
+      {"    url: rediss://h\n    tls: {ca_file: /nonexistent/ca.pem}\n",
+       "sinks[0].tls.ca_file: cannot read /nonexistent/ca.pem"},
       {"    url: rediss://h\n    tls: {ca_file: '" + not_pem + "'}\n", "sinks[0].tls.ca_file: expected a PEM file"},
-      {"    url: rediss://h\n    tls: {cert_file: '" + ca + "'}\n", "sinks[0].tls.key_file: cert_file and key_file go together"},
-      {"    url: rediss://h\n    tls: {key_file: '" + ca + "'}\n", "sinks[0].tls.cert_file: cert_file and key_file go together"},
+      {"    url: rediss://h\n    tls: {cert_file: '" + ca + "'}\n",
+       "sinks[0].tls.key_file: cert_file and key_file go together"},
+      {"    url: rediss://h\n    tls: {key_file: '" + ca + "'}\n",
+       "sinks[0].tls.cert_file: cert_file and key_file go together"},
       {"    url: rediss://h\n    tls: {cert_file: '" + ca + "', key_file: '" + not_pem + "'}\n",
        "sinks[0].tls.key_file: expected a PEM file"},
       {"    url: rediss://h\n    tls: {insecure_skip_verfy: true}\n", "sinks[0].tls.insecure_skip_verfy: unknown key"},
-      {"    url: rediss://h\n    tls: {insecure_skip_verify: maybe}\n", "sinks[0].tls.insecure_skip_verify: expected true or false"},
+      {"    url: rediss://h\n    tls: {insecure_skip_verify: maybe}\n",
+       "sinks[0].tls.insecure_skip_verify: expected true or false"},
       {"    url: redis://h\n    strem: x\n", "sinks[0].strem: unknown key"},
   };
   for (const auto& c : cases) {

@@ -16,7 +16,8 @@ TEST_CASE("redis errors: the reply's first word is its code") {
   CHECK(redis_error_code("EXECABORT Transaction discarded because of previous errors.") == RedisErrorCode::kExecAbort);
   CHECK(redis_error_code("ERR wrong number of arguments for 'xadd' command") == RedisErrorCode::kErr);
   CHECK(redis_error_code("MOVED 3999 127.0.0.1:6381") == RedisErrorCode::kMoved);
-  CHECK(redis_error_code("WRONGPASS invalid username-password pair or user is disabled.") == RedisErrorCode::kWrongPass);
+  CHECK(redis_error_code("WRONGPASS invalid username-password pair or user is disabled.") ==
+        RedisErrorCode::kWrongPass);
   CHECK(redis_error_code("NOAUTH Authentication required.") == RedisErrorCode::kNoAuth);
   CHECK(redis_error_code("SOMETHINGNEW in redis 9") == RedisErrorCode::kOther);
   CHECK(redis_error_code("") == RedisErrorCode::kOther);

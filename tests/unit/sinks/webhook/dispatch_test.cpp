@@ -95,7 +95,7 @@ TEST_CASE("a key that succeeded goes to the back of the queue") {
   Batch b({"a", "a", "a", "b", "c"});
   KeyedDispatch d(b.pointers);
   CHECK(d.next() == 0u);
-  d.finish(0, false);                                        // a is ready again, behind b and c
+  d.finish(0, false);  // a is ready again, behind b and c
   CHECK(drain(d) == std::vector<std::size_t>{3, 4, 1});
 }
 

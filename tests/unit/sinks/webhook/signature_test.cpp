@@ -23,8 +23,13 @@ std::string hex(const std::string& bytes) {
 
 TEST_CASE("base64 encodes the RFC 4648 test vectors") {
   const std::vector<std::pair<std::string, std::string>> table{
-      {"", ""},         {"f", "Zg=="},         {"fo", "Zm8="},         {"foo", "Zm9v"},
-      {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"},
+      {"", ""},
+      {"f", "Zg=="},
+      {"fo", "Zm8="},
+      {"foo", "Zm9v"},
+      {"foob", "Zm9vYg=="},
+      {"fooba", "Zm9vYmE="},
+      {"foobar", "Zm9vYmFy"},
       {std::string("\xfb\xff\xbf", 3), "+/+/"},
   };
   for (const auto& [plain, encoded] : table) {
@@ -39,14 +44,14 @@ TEST_CASE("base64 decoding is strict") {
   CHECK(base64_decode("Zm9vYg").value() == "foob");  // padding may be left out
   CHECK(base64_decode("Zm8").value() == "fo");
   const std::vector<std::string> bad{
-      "Zm9vYg=",    // wrong padding length for a padded quad
-      "Zg===",      // too much padding
-      "Z",          // 6 bits make no byte
-      "Zm9v Yg==",  // whitespace
-      "Zm9v\nYg==", // newline
-      "Zm-_",       // URL-safe alphabet is not the standard one
-      "Zh==",       // non-canonical: unused bits set
-      "Zm=v",       // padding in the middle
+      "Zm9vYg=",     // wrong padding length for a padded quad
+      "Zg===",       // too much padding
+      "Z",           // 6 bits make no byte
+      "Zm9v Yg==",   // whitespace
+      "Zm9v\nYg==",  // newline
+      "Zm-_",        // URL-safe alphabet is not the standard one
+      "Zh==",        // non-canonical: unused bits set
+      "Zm=v",        // padding in the middle
   };
   for (const auto& text : bad) {
     CAPTURE(text);
@@ -57,9 +62,9 @@ TEST_CASE("base64 decoding is strict") {
 TEST_CASE("whsec_ secrets decode to their key bytes") {
   CHECK(decode_whsec_secret("whsec_Zm9vYmFy").value() == "foobar");
   CHECK(decode_whsec_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").value().size() == 24);
-  CHECK_FALSE(decode_whsec_secret("Zm9vYmFy").has_value());         // no prefix
-  CHECK_FALSE(decode_whsec_secret("WHSEC_Zm9vYmFy").has_value());   // the prefix is case-sensitive
-  CHECK_FALSE(decode_whsec_secret("whsec_").has_value());           // empty key
+  CHECK_FALSE(decode_whsec_secret("Zm9vYmFy").has_value());        // no prefix
+  CHECK_FALSE(decode_whsec_secret("WHSEC_Zm9vYmFy").has_value());  // the prefix is case-sensitive
+  CHECK_FALSE(decode_whsec_secret("whsec_").has_value());          // empty key
   CHECK_FALSE(decode_whsec_secret("whsec_not base64!").has_value());
 }
 

@@ -7,9 +7,9 @@
 #include <string>
 
 #include "config/config.hpp"
-#include "support/env.hpp"
 #include "log/log.hpp"
 #include "sinks/webhook/webhook_config.hpp"
+#include "support/env.hpp"
 #include "support/sinks.hpp"
 
 using namespace outbox;
@@ -21,8 +21,8 @@ namespace {
 
 using outbox::testing::env_of;
 
-const outbox::testing::OneSink<WebhookSinkConfig> entry{
-    "hooks", "webhook", outbox::sinks::parse_webhook_sink, "routes:\n  - topics: ['*']\n    sinks: [hooks]\n"};
+const outbox::testing::OneSink<WebhookSinkConfig> entry{"hooks", "webhook", outbox::sinks::parse_webhook_sink,
+                                                        "routes:\n  - topics: ['*']\n    sinks: [hooks]\n"};
 
 WebhookSinkConfig parse(const std::string& sink_body, std::map<std::string, std::string> vars = {}) {
   return entry.settings(sink_body, env_of(std::move(vars)));
@@ -59,13 +59,17 @@ TEST_CASE("defaults: 10s timeout, 16 in flight, TLS verified with the system CAs
 
 TEST_CASE("every key parses, with ${ENV} interpolation") {
   TempFile ca("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n");
-  const auto c = parse("    url: http://127.0.0.1:${PORT}/hook\n"
-                       "    headers: {Authorization: 'Bearer ${TOKEN}', X-Team: payments}\n"
-                       "    secrets: ['${SECRET_A}', " + std::string(kSecretB) + "]\n"
-                       "    timeout: 2500ms\n"
-                       "    max_in_flight: 64\n"
-                       "    tls: {ca_file: " + ca.path.string() + ", insecure_skip_verify: true}\n",
-                       {{"PORT", "8080"}, {"TOKEN", "tok-123456"}, {"SECRET_A", kSecretA}});
+  const auto c = parse(
+      "    url: http://127.0.0.1:${PORT}/hook\n"
+      "    headers: {Authorization: 'Bearer ${TOKEN}', X-Team: payments}\n"
+      "    secrets: ['${SECRET_A}', " +
+          std::string(kSecretB) +
+          "]\n"
+          "    timeout: 2500ms\n"
+          "    max_in_flight: 64\n"
+          "    tls: {ca_file: " +
+          ca.path.string() + ", insecure_skip_verify: true}\n",
+      {{"PORT", "8080"}, {"TOKEN", "tok-123456"}, {"SECRET_A", kSecretA}});
   CHECK(c.url == "http://127.0.0.1:8080/hook");
   REQUIRE(c.headers.size() == 2);
   CHECK(c.headers[0] == std::pair<std::string, std::string>{"Authorization", "Bearer tok-123456"});
@@ -81,9 +85,11 @@ TEST_CASE("every key parses, with ${ENV} interpolation") {
 }
 
 TEST_CASE("secrets never reach the logs, nor the described config") {
-  const auto c = parse("    url: https://user:p4ssw0rd-xyz@hooks.example.com/outbox\n"
-                       "    headers: {Authorization: Bearer s3cr3t-token-value, X-Team: payments}\n"
-                       "    secrets: [" + std::string(kSecretA) + "]\n");
+  const auto c = parse(
+      "    url: https://user:p4ssw0rd-xyz@hooks.example.com/outbox\n"
+      "    headers: {Authorization: Bearer s3cr3t-token-value, X-Team: payments}\n"
+      "    secrets: [" +
+      std::string(kSecretA) + "]\n");
   CHECK(c.url_for_logs.find("p4ssw0rd-xyz") == std::string::npos);
   CHECK(c.url_for_logs.find("*****") != std::string::npos);
   const std::string described = sinks::describe_webhook_sink(c).dump();
@@ -98,7 +104,8 @@ TEST_CASE("secrets never reach the logs, nor the described config") {
   CHECK(log::redact("Bearer s3cr3t-token-value") == "*****");
 
   // describe() of the whole config carries the webhook entry, masked.
-  const Config whole = entry.config("    url: https://hooks.example.com/x\n    secrets: [" + std::string(kSecretB) + "]\n");
+  const Config whole =
+      entry.config("    url: https://hooks.example.com/x\n    secrets: [" + std::string(kSecretB) + "]\n");
   const std::string all = outbox::testing::describe_with_sinks(whole).dump();
   CHECK(all.find("https://hooks.example.com/x") != std::string::npos);
   CHECK(all.find(kSecretB) == std::string::npos);
@@ -123,8 +130,10 @@ TEST_CASE("bad config names the key") {
        "whsec_ is not valid base64"},
       {"    url: https://x/\n    secrets: [whsec_]\n", "sinks[0].secrets[0]: expected a Standard Webhooks secret"},
       {"    url: https://x/\n    secrets: whsec_Zm9v\n", "sinks[0].secrets: expected a list of strings"},
-      {"    url: https://x/\n    max_in_flight: 0\n", "sinks[0].max_in_flight: expected a whole number from 1 to 256, got '0'"},
-      {"    url: https://x/\n    max_in_flight: 257\n", "sinks[0].max_in_flight: expected a whole number from 1 to 256"},
+      {"    url: https://x/\n    max_in_flight: 0\n",
+       "sinks[0].max_in_flight: expected a whole number from 1 to 256, got '0'"},
+      {"    url: https://x/\n    max_in_flight: 257\n",
+       "sinks[0].max_in_flight: expected a whole number from 1 to 256"},
       {"    url: https://x/\n    max_in_flight: many\n", "sinks[0].max_in_flight: expected a whole number"},
       {"    url: https://x/\n    timeout: 10\n", "sinks[0].timeout: expected a duration"},
       {"    url: https://x/\n    timeout: 50ms\n", "sinks[0].timeout: expected a duration from 100ms to 10m, got 50ms"},
@@ -138,11 +147,13 @@ TEST_CASE("bad config names the key") {
        "sinks[0].headers.webhook-id: the webhook sink sets this header itself"},
       {"    url: https://x/\n    headers: {Content-Type: text/plain}\n",
        "sinks[0].headers.Content-Type: the webhook sink sets this header itself"},
-      {"    url: https://x/\n    headers: {'Bad Name': x}\n", "sinks[0].headers.Bad Name: not a valid HTTP header name"},
+      {"    url: https://x/\n    headers: {'Bad Name': x}\n",
+       "sinks[0].headers.Bad Name: not a valid HTTP header name"},
       {"    url: https://x/\n    headers: {X-A: \"a\\r\\nX-Injected: 1\"}\n",
        "sinks[0].headers.X-A: header values must not contain CR, LF or NUL"},
       {"    url: https://x/\n    headers: {X-A: 1, x-a: 2}\n", "duplicate header"},
-      {"    url: https://x/\n    secrets: ['${MISSING}']\n", "sinks[0].secrets[0]: environment variable MISSING is not set"},
+      {"    url: https://x/\n    secrets: ['${MISSING}']\n",
+       "sinks[0].secrets[0]: environment variable MISSING is not set"},
   };
   for (const auto& row : table) {
     CAPTURE(row.body);

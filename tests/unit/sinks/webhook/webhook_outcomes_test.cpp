@@ -24,19 +24,38 @@ TEST_CASE("HTTP status classes follow the issue's table") {
     StatusClass expected;
   };
   const std::vector<Row> table{
-      {200, StatusClass::kDelivered}, {201, StatusClass::kDelivered}, {202, StatusClass::kDelivered},
-      {204, StatusClass::kDelivered}, {299, StatusClass::kDelivered},
-      {408, StatusClass::kRetry},     {429, StatusClass::kRetry},
-      {500, StatusClass::kRetry},     {502, StatusClass::kRetry},     {503, StatusClass::kRetry},
-      {504, StatusClass::kRetry},     {599, StatusClass::kRetry},
-      {400, StatusClass::kPermanent}, {401, StatusClass::kPermanent}, {403, StatusClass::kPermanent},
-      {404, StatusClass::kPermanent}, {405, StatusClass::kPermanent}, {409, StatusClass::kPermanent},
-      {410, StatusClass::kPermanent}, {413, StatusClass::kPermanent}, {422, StatusClass::kPermanent},
+      {200, StatusClass::kDelivered},
+      {201, StatusClass::kDelivered},
+      {202, StatusClass::kDelivered},
+      {204, StatusClass::kDelivered},
+      {299, StatusClass::kDelivered},
+      {408, StatusClass::kRetry},
+      {429, StatusClass::kRetry},
+      {500, StatusClass::kRetry},
+      {502, StatusClass::kRetry},
+      {503, StatusClass::kRetry},
+      {504, StatusClass::kRetry},
+      {599, StatusClass::kRetry},
+      {400, StatusClass::kPermanent},
+      {401, StatusClass::kPermanent},
+      {403, StatusClass::kPermanent},
+      {404, StatusClass::kPermanent},
+      {405, StatusClass::kPermanent},
+      {409, StatusClass::kPermanent},
+      {410, StatusClass::kPermanent},
+      {413, StatusClass::kPermanent},
+      {422, StatusClass::kPermanent},
       {499, StatusClass::kPermanent},
       // Unknown codes retry: redirects are not followed, informational codes are not an answer.
-      {100, StatusClass::kRetry},     {199, StatusClass::kRetry},     {301, StatusClass::kRetry},
-      {302, StatusClass::kRetry},     {304, StatusClass::kRetry},     {307, StatusClass::kRetry},
-      {600, StatusClass::kRetry},     {0, StatusClass::kRetry},       {-1, StatusClass::kRetry},
+      {100, StatusClass::kRetry},
+      {199, StatusClass::kRetry},
+      {301, StatusClass::kRetry},
+      {302, StatusClass::kRetry},
+      {304, StatusClass::kRetry},
+      {307, StatusClass::kRetry},
+      {600, StatusClass::kRetry},
+      {0, StatusClass::kRetry},
+      {-1, StatusClass::kRetry},
   };
   for (const auto& row : table) {
     CAPTURE(row.status);
@@ -108,23 +127,23 @@ TEST_CASE("Retry-After: HTTP dates in the three formats") {
   };
   // kNow is 07:28:00.250, so a date at 07:28:02 is 1750 ms away.
   const std::vector<Row> table{
-      {"Wed, 21 Oct 2015 07:28:02 GMT", milliseconds(1750)},      // IMF-fixdate
+      {"Wed, 21 Oct 2015 07:28:02 GMT", milliseconds(1750)},  // IMF-fixdate
       {"Wed, 21 Oct 2015 08:28:00 GMT", milliseconds(3'599'750)},
       {"Thu, 22 Oct 2015 07:28:00 GMT", milliseconds(86'399'750)},
       {"Wednesday, 21-Oct-15 07:28:02 GMT", milliseconds(1750)},  // RFC 850
       {"Wed Oct 21 07:28:02 2015", milliseconds(1750)},           // asctime
       {"Thu Oct 22 07:28:00 2015", milliseconds(86'399'750)},
-      {"Sun Nov  6 08:49:37 2033", kMaxRetryAfter},               // saturates
-      {"Wed, 21 Oct 2015 07:27:00 GMT", milliseconds(0)},         // in the past: now
+      {"Sun Nov  6 08:49:37 2033", kMaxRetryAfter},        // saturates
+      {"Wed, 21 Oct 2015 07:27:00 GMT", milliseconds(0)},  // in the past: now
       {"Sun, 06 Nov 1994 08:49:37 GMT", milliseconds(0)},
-      {"Sunday, 06-Nov-94 08:49:37 GMT", milliseconds(0)},        // 94 is 1994
-      {"Wed, 21 Oct 2015 07:28:02 UTC", std::nullopt},            // only GMT is allowed
+      {"Sunday, 06-Nov-94 08:49:37 GMT", milliseconds(0)},  // 94 is 1994
+      {"Wed, 21 Oct 2015 07:28:02 UTC", std::nullopt},      // only GMT is allowed
       {"Wed, 21 Oct 2015 07:28:02", std::nullopt},
-      {"Wed, 31 Feb 2015 07:28:02 GMT", std::nullopt},            // no such day
+      {"Wed, 31 Feb 2015 07:28:02 GMT", std::nullopt},  // no such day
       {"Wed, 21 Foo 2015 07:28:02 GMT", std::nullopt},
       {"Wed, 21 Oct 2015 25:28:02 GMT", std::nullopt},
       {"Xyz, 21 Oct 2015 07:28:02 GMT", std::nullopt},
-      {"2015-10-21T07:28:02Z", std::nullopt},                     // not an HTTP date
+      {"2015-10-21T07:28:02Z", std::nullopt},  // not an HTTP date
       {"Wed, 21 Oct 2015 07:28:02 GMT trailing", std::nullopt},
   };
   for (const auto& row : table) {
@@ -140,10 +159,10 @@ TEST_CASE("body excerpts are short, one line and valid UTF-8") {
   CHECK(body_excerpt("plain") == "plain");
   CHECK(body_excerpt("line one\r\nline two\n") == "line one  line two");
   CHECK(body_excerpt(std::string("nul\0byte", 8)) == "nul byte");
-  CHECK(body_excerpt("caf\xc3\xa9") == "caf\xc3\xa9");                  // valid UTF-8 stays
-  CHECK(body_excerpt("bad \xff\xfe bytes") == "bad ?? bytes");          // invalid bytes replaced
-  CHECK(body_excerpt("\xed\xa0\x80") == "???");                        // a UTF-16 surrogate is not UTF-8
-  CHECK(body_excerpt("\xc0\xaf") == "??");                             // overlong
+  CHECK(body_excerpt("caf\xc3\xa9") == "caf\xc3\xa9");          // valid UTF-8 stays
+  CHECK(body_excerpt("bad \xff\xfe bytes") == "bad ?? bytes");  // invalid bytes replaced
+  CHECK(body_excerpt("\xed\xa0\x80") == "???");                 // a UTF-16 surrogate is not UTF-8
+  CHECK(body_excerpt("\xc0\xaf") == "??");                      // overlong
   CHECK(body_excerpt(std::string(600, 'a')).size() == 512);
   CHECK(body_excerpt("abcdef", 4) == "abcd");
   // A multi-byte character cut by the limit is dropped whole, not garbled.
@@ -181,5 +200,6 @@ TEST_CASE("transfer errors all retry, worded by kind") {
   }
   CHECK(transfer_error_outcome(CURLE_OPERATION_TIMEDOUT, "Operation timed out after 10001 milliseconds").reason ==
         "timeout: Operation timed out after 10001 milliseconds (curl 28)");
-  CHECK(transfer_error_outcome(CURLE_COULDNT_CONNECT, "").reason == "connection failed: no detail from libcurl (curl 7)");
+  CHECK(transfer_error_outcome(CURLE_COULDNT_CONNECT, "").reason ==
+        "connection failed: no detail from libcurl (curl 7)");
 }
