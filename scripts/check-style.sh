@@ -5,8 +5,8 @@
 #   scripts/check-style.sh tidy BUILD_DIR  clang-tidy (.clang-tidy) over the relay/src files that
 #                                          the last commit changed (a .hpp brings its .cpp), with
 #                                          BUILD_DIR's compile_commands.json
-#   scripts/check-style.sh tidy BUILD_DIR --all   the same over every file of relay/src (~10 min
-#                                          of CPU on the 2-core VM, so CI runs the changed files)
+#   scripts/check-style.sh tidy BUILD_DIR --all   the same over every file of relay/src (4 min 26 s
+#                                          on the 2-core VM with 2 jobs, so CI runs the changed files)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
