@@ -27,6 +27,9 @@ scripts/check-style.sh tidy build
 echo "== unit tests"
 build/bin/unit_tests
 
+echo "== the README's first command: scripts/quickstart.sh for 4 s, every event printed once, in order"
+tests/ops/check-quickstart.py 4
+
 echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 BUILD_DIR=$here/build-asan BUILD_TARGETS=unit_tests BUILD_TYPE=Debug scripts/build.sh -DOUTBOX_WERROR=ON -DOUTBOX_SANITIZE=ON
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-asan/bin/unit_tests
