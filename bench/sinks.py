@@ -217,6 +217,7 @@ class Kafka:
         self.version = run_out([str(BROKER_SH), "fetch"]).strip().rsplit("-", 1)[-1]
 
     def stop(self):
+        self.admin = None  # its handle would log reconnect attempts to the stopped broker
         subprocess.run([str(BROKER_SH), "stop", str(self.dir)], timeout=60)
 
     def create_topic(self, name, config=None):
@@ -280,13 +281,13 @@ class Kafka:
         def loop():
             try:
                 while not c.stop_event.is_set():
-                    for m in kc.consume(num_messages=1000, timeout=0.1):
-                        if m.error():
-                            continue
-                        now = time.time()
-                        oid = int(dict(m.headers())["outbox-id"])
-                        c.arrivals[oid] = now
-                        c.extra["log_append_ms"][oid] = m.timestamp()[1]
+                    m = kc.poll(timeout=0.1)  # one message: returns as soon as one arrived
+                    if m is None or m.error():
+                        continue
+                    now = time.time()
+                    oid = int(dict(m.headers())["outbox-id"])
+                    c.arrivals[oid] = now
+                    c.extra["log_append_ms"][oid] = m.timestamp()[1]
             finally:
                 kc.close()
         c.start(loop)
@@ -432,7 +433,7 @@ class Rabbitmq:
         same kind of exchange and durable classic queue as the sink (predeclared here)."""
         self.server.declare(f"bench-{tag}", f"bench-{tag}", "order.#")
         cmd = ["java", "-Xmx1g", "-cp", f"{self.a.perf_test_lib}/*", "com.rabbitmq.perf.PerfTest",
-               "--uri", self.server.url, "--producers", "1", "--consumers", "0",
+               "--uri", self.server.url.rstrip("/"), "--producers", "1", "--consumers", "0",
                "--confirm", str(self.a.rabbitmq_in_flight), "--flag", "persistent", "--predeclared",
                "--exchange", f"bench-{tag}", "--type", "topic", "--routing-key", "order.paid",
                "--queue", f"bench-{tag}", "--auto-delete", "false", "--pmessages", str(self.a.events),
