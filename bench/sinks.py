@@ -20,8 +20,9 @@ Steady (--steady, default on): per sink, 8 writers committing single events at -
 (1,000/s) for --steady-seconds (30 s) into an idle relay; per event, from its writer's COMMIT
 returning to its arrival at a consumer of the broker (p50, p99; after --steady-warmup s), and
 the broker's own CPU (utime+stime of its process tree in /proc) per event over the run, the
-consumer's reads included. Kafka also gives commit-to-ack (the broker's LogAppendTime), as
-bench/kafka/bench.py does.
+consumer's reads included; also net of the broker's idle CPU, measured for
+--steady-idle-seconds (5 s) just before, with the relay and the consumer attached. Kafka also
+gives commit-to-ack (the broker's LogAppendTime), as bench/kafka/bench.py does.
 
 Prints a table and writes one JSON file (--out)."""
 from __future__ import annotations
@@ -400,7 +401,7 @@ class Rabbitmq:
         self.server = RabbitServer(Path(tempfile.mkdtemp(prefix="rabbit-", dir=self.work)))
         self.server.start()
         self.pid = self.server.proc.pid
-        self.version = next((l.split()[-1] for l in run_out(["dpkg-query", "-W", "rabbitmq-server"]).splitlines()), None)
+        self.version = run_out(["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"]).strip()
 
     def stop(self):
         self.server.stop()
@@ -674,8 +675,9 @@ class Bench:
                 except Exception as e:  # one failed figure is reported, the run goes on
                     rnd[system] = {"valid": False, "error": repr(e)[:2000]}
                 x = rnd[system]
+                error = f" {x['error']}" if "error" in x else ""
                 log(f"  {x.get('rate') or 0:,.0f}/s valid={x['valid']} "
-                    f"foreign load {x.get('cpu', {}).get('foreign_cores')} cores{' ' + x['error'] if 'error' in x else ''}")
+                    f"foreign load {x.get('cpu', {}).get('foreign_cores')} cores{error}")
             rounds.append(rnd)
         return rounds
 
@@ -698,6 +700,11 @@ class Bench:
                                      stderr=log_file)
             try:
                 time.sleep(2)  # the relay connects, takes its lanes and goes idle (not a correctness wait)
+                # The broker's own idle CPU (a JVM's housekeeping, the consumer's empty fetches),
+                # to tell apart from what the events cost it.
+                idle0, t_idle = tree_cpu_seconds(broker.pid), time.monotonic()
+                time.sleep(self.a.steady_idle_seconds)
+                idle_cores = (tree_cpu_seconds(broker.pid) - idle0) / (time.monotonic() - t_idle)
                 with CpuWindow(self.postmaster, broker.pid) as cpu:
                     broker_cpu0 = tree_cpu_seconds(broker.pid)
                     committed = steady_writers(self.a.url, self.a.steady_rate, self.a.steady_seconds)
@@ -728,6 +735,10 @@ class Bench:
                "commit_to_arrival_ms": summary_ms(arrival_ms), "commit_to_marked_ms": summary_ms(marked_ms),
                "broker_cpu_seconds": round(broker_cpu, 3),
                "broker_cpu_us_per_event": round(broker_cpu / len(committed) * 1e6, 1) if committed else None,
+               "broker_idle_cores": round(idle_cores, 3),
+               "broker_cpu_us_per_event_above_idle": round(
+                   (broker_cpu - idle_cores * cpu.result["wall_seconds"]) / len(committed) * 1e6, 1)
+               if committed else None,
                "cpu": cpu.result}
         out["valid"] = out["arrived"] == len(committed) and not consumer.errors
         if "log_append_ms" in consumer.extra:
@@ -771,7 +782,8 @@ class Bench:
                         entry["steady"] = self.steady(broker)
                     except Exception as e:  # reported; the other sinks still run
                         entry["steady"] = {"valid": False, "error": repr(e)[:2000]}
-                    log(f"  {json.dumps({k: entry['steady'].get(k) for k in ('commit_to_arrival_ms', 'broker_cpu_us_per_event', 'valid', 'error')})}")
+                    keys = ("commit_to_arrival_ms", "broker_cpu_us_per_event", "valid", "error")
+                    log(f"  {json.dumps({k: entry['steady'].get(k) for k in keys})}")
             finally:
                 broker.stop()
             result["sinks"][name] = entry
@@ -847,23 +859,25 @@ def table(r):
                      f"{foreign} | {old} |")
     if any("steady" in e for e in r["sinks"].values()):
         lines.append("")
-        lines.append(f"steady {a['steady_rate']}/s for {a['steady_seconds']} s (after a {a['steady_warmup']} s warm-up)")
+        lines.append(f"steady {a['steady_rate']}/s for {a['steady_seconds']} s "
+                     f"(after a {a['steady_warmup']} s warm-up)")
         lines.append("| sink | commit-to-arrival p50 / p99 ms | commit-to-marked p50 / p99 ms | broker CPU us/event "
-                     "| achieved/s | foreign load | valid |")
-        lines.append("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+                     "| above its idle | broker idle (cores) | achieved/s | foreign load | valid |")
+        lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
         for name, e in r["sinks"].items():
             st = e.get("steady")
             if not st:
                 continue
             if "error" in st:
-                lines.append(f"| {name} | failed: {st['error'][:150]} | | | | | False |")
+                lines.append(f"| {name} | failed: {st['error'][:150]} | | | | | | | False |")
                 continue
             arr, mk = st["commit_to_arrival_ms"], st["commit_to_marked_ms"]
             extra = ""
             if "commit_to_ack_ms" in st:
                 extra = f" (ack {st['commit_to_ack_ms'].get('p50')} / {st['commit_to_ack_ms'].get('p99')})"
             lines.append(f"| {name} | {arr.get('p50')} / {arr.get('p99')}{extra} | {mk.get('p50')} / {mk.get('p99')} | "
-                         f"{st['broker_cpu_us_per_event']} | {st['achieved_rate']} | {st['cpu']['foreign_cores']} | "
+                         f"{st['broker_cpu_us_per_event']} | {st['broker_cpu_us_per_event_above_idle']} | "
+                         f"{st['broker_idle_cores']} | {st['achieved_rate']} | {st['cpu']['foreign_cores']} | "
                          f"{st['valid']} |")
     return "\n".join(lines)
 
@@ -886,6 +900,8 @@ def main():
     p.add_argument("--steady-rate", type=int, default=1000)
     p.add_argument("--steady-seconds", type=int, default=30)
     p.add_argument("--steady-warmup", type=float, default=3.0)
+    p.add_argument("--steady-idle-seconds", type=float, default=5.0,
+                   help="the broker's idle CPU is measured this long before the writers start")
     p.add_argument("--kafka-partitions", type=int, default=3)
     p.add_argument("--nats-in-flight", type=int, default=1024, help="the nats sink's max_in_flight (its default)")
     p.add_argument("--rabbitmq-in-flight", type=int, default=1000, help="the rabbitmq sink's max_in_flight (default)")
