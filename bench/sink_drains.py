@@ -1,11 +1,14 @@
 """What the sink benchmarks share (bench/{kafka,nats,rabbitmq,redis}/bench.py): the seeded backlog, and
 a drain by the real relay binary, timed from starting the process until the last row is marked (a
 primary-key range probe every 2 ms), to the sink under test or to the file sink (fsync on) as the
-baseline of the same run."""
+baseline of the same run; and the paced single-row writers of the latency runs (bench/kafka,
+bench/sinks.py)."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -79,3 +82,42 @@ def file_drain(url, relay_bin, work: Path, events, batch_size, log_path: Path, l
     r["valid"] = r["valid"] and r["lines"] == events
     target.unlink(missing_ok=True)
     return r
+
+
+def steady_writers(url, rate, seconds, threads=8):
+    """Single-row INSERT transactions at a steady total rate from several connections, as
+    an application would write. Returns {id: wall-clock time when its COMMIT returned}."""
+    committed = {}
+    lock = threading.Lock()
+    start = time.monotonic() + 0.5
+    end = start + seconds
+    errors = []
+
+    def run(k):
+        interval = threads / rate
+        try:
+            with psycopg.connect(url, autocommit=True) as conn:
+                due = start + k * interval / threads
+                while due < end:
+                    pause = due - time.monotonic()
+                    if pause > 0:
+                        time.sleep(pause)
+                    oid = conn.execute(
+                        "INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', %s, "
+                        "jsonb_build_object('order_id', 1, 'amount_cents', 4200, 'currency', 'EUR')) RETURNING id",
+                        (f"order-{random.randrange(10000)}",)).fetchone()[0]
+                    t = time.time()  # autocommit: the COMMIT has returned
+                    with lock:
+                        committed[oid] = t
+                    due += interval
+        except Exception as e:  # reported below; a writer that dies invalidates the run
+            errors.append(repr(e))
+
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise RuntimeError(f"writers failed: {errors[:3]}")
+    return committed

@@ -29,12 +29,10 @@ import argparse
 import datetime as dt
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -44,7 +42,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from sink_drains import seed, timed_drain  # noqa: E402
+from sink_drains import seed, steady_writers, timed_drain  # noqa: E402
 
 BROKER_SH = ROOT / "tests" / "kafka" / "broker.sh"
 
@@ -213,42 +211,7 @@ class Bench:
 
     # -- latency -------------------------------------------------------------------------------
     def steady_writers(self, rate, seconds, threads=8):
-        """Single-row INSERT transactions at a steady total rate from several connections, as
-        an application would write. Returns {id: wall-clock time when its COMMIT returned}."""
-        committed = {}
-        lock = threading.Lock()
-        start = time.monotonic() + 0.5
-        end = start + seconds
-        errors = []
-
-        def run(k):
-            interval = threads / rate
-            try:
-                with psycopg.connect(self.a.url, autocommit=True) as conn:
-                    due = start + k * interval / threads
-                    while due < end:
-                        pause = due - time.monotonic()
-                        if pause > 0:
-                            time.sleep(pause)
-                        oid = conn.execute(
-                            "INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', %s, "
-                            "jsonb_build_object('order_id', 1, 'amount_cents', 4200, 'currency', 'EUR')) RETURNING id",
-                            (f"order-{random.randrange(10000)}",)).fetchone()[0]
-                        t = time.time()  # autocommit: the COMMIT has returned
-                        with lock:
-                            committed[oid] = t
-                        due += interval
-            except Exception as e:  # reported below; a writer that dies invalidates the run
-                errors.append(repr(e))
-
-        workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        if errors:
-            raise RuntimeError(f"writers failed: {errors[:3]}")
-        return committed
+        return steady_writers(self.a.url, rate, seconds, threads)
 
     def latency(self, sink_kind):
         """A steady rate into an idle relay; commit-to-ack percentiles over the events after warmup."""

@@ -3,7 +3,10 @@
 //
 //	receiver            prints "<hooks address> <control address>" on stdout, then serves
 //	GET  /stats         on the control address: {"connections":N,"requests":N}
-//	POST /reset         on the control address: zeroes both counters
+//	POST /reset         on the control address: zeroes both counters and forgets the arrivals
+//	POST /record        on the control address: from now on, note each request's webhook-id and
+//	                    arrival time (bench/sinks.py's commit-to-arrival latency)
+//	GET  /arrivals      on the control address: {"<webhook-id>": <unix nanoseconds>, ...}
 //
 // The control endpoints live on their own listener so the benchmark's own requests never count
 // as connections the relay opened.
@@ -16,16 +19,26 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
 func main() {
 	var connections, requests atomic.Int64
+	var recording atomic.Bool
+	var mu sync.Mutex
+	arrivals := map[string]int64{}
 
 	hooks := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body) // read the whole body so the connection stays reusable
+			if recording.Load() {
+				now := time.Now().UnixNano()
+				mu.Lock()
+				arrivals[r.Header.Get("webhook-id")] = now
+				mu.Unlock()
+			}
 			requests.Add(1)
 			w.WriteHeader(http.StatusNoContent)
 		}),
@@ -44,7 +57,19 @@ func main() {
 		case "/reset":
 			connections.Store(0)
 			requests.Store(0)
+			recording.Store(false)
+			mu.Lock()
+			arrivals = map[string]int64{}
+			mu.Unlock()
 			w.WriteHeader(http.StatusNoContent)
+		case "/record":
+			recording.Store(true)
+			w.WriteHeader(http.StatusNoContent)
+		case "/arrivals":
+			w.Header().Set("Content-Type", "application/json")
+			mu.Lock()
+			_ = json.NewEncoder(w).Encode(arrivals)
+			mu.Unlock()
 		default:
 			http.NotFound(w, r)
 		}
