@@ -685,8 +685,9 @@ class Bench:
             rounds.append(rnd)
         return rounds
 
-    def steady(self, broker):
-        """A steady rate into an idle relay: commit-to-arrival at a consumer, broker CPU per event."""
+    def steady(self, broker, relay_overrides):
+        """A steady rate into an idle relay: commit-to-arrival at a consumer, broker CPU per event.
+        relay_overrides: keys of the config's relay section for this run (e.g. light_poll_interval)."""
         seed(self.a.url, self.a.events)
         sql(self.a.url, "UPDATE outbox_events SET processed_at = created_at")
         sql(self.a.url, "VACUUM ANALYZE outbox_events")
@@ -694,7 +695,7 @@ class Bench:
         history = sql(self.a.url, "SELECT max(id) FROM outbox_events")[0][0]
         tag = self.tag("steady")
         sink = broker.sink(tag, steady=True)
-        cfg = {"database": {"url": self.a.url}, "relay": {"batch_size": self.a.batch_size},
+        cfg = {"database": {"url": self.a.url}, "relay": {"batch_size": self.a.batch_size, **relay_overrides},
                "http": {"enabled": False}, "log": {"level": "info"}, "sinks": [sink]}
         cfg_path = self.work / f"steady-{broker.name}.yaml"
         cfg_path.write_text(json.dumps(cfg, indent=2))
@@ -778,16 +779,20 @@ class Bench:
                         log(f"  warm-up failed: {e!r}")
                     finally:
                         self.a.events = events
-                entry["drain_rounds"] = self.drains(broker, payloads)
-                entry["drain_summary"] = self.summarize(entry["drain_rounds"])
-                if self.a.steady:
-                    log(f"{name}: steady {self.a.steady_rate}/s for {self.a.steady_seconds} s")
+                if self.a.drains:
+                    entry["drain_rounds"] = self.drains(broker, payloads)
+                    entry["drain_summary"] = self.summarize(entry["drain_rounds"])
+                for overrides in (json.loads(self.a.steady_relay) if self.a.steady else []):
+                    log(f"{name}: steady {self.a.steady_rate}/s for {self.a.steady_seconds} s, relay {overrides}")
                     try:
-                        entry["steady"] = self.steady(broker)
+                        st = self.steady(broker, overrides)
                     except Exception as e:  # reported; the other sinks still run
-                        entry["steady"] = {"valid": False, "error": repr(e)[:2000]}
+                        st = {"valid": False, "error": repr(e)[:2000]}
+                    st["relay"] = overrides
+                    entry.setdefault("steady_runs", []).append(st)
+                    entry.setdefault("steady", st)
                     keys = ("commit_to_arrival_ms", "broker_cpu_us_per_event", "valid", "error")
-                    log(f"  {json.dumps({k: entry['steady'].get(k) for k in keys})}")
+                    log(f"  {json.dumps({k: st.get(k) for k in keys})}")
             finally:
                 broker.stop()
             result["sinks"][name] = entry
@@ -852,6 +857,8 @@ def table(r):
                  "| new/old |")
     lines.append("| --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
     for name, e in r["sinks"].items():
+        if "drain_summary" not in e:
+            continue  # --no-drains
         s = e.get("drain_summary", {})
         m = {k: s.get(k, {}).get("median_rate") for k in ("sink", "tool", "file", "old")}
         foreign = "; ".join(",".join(str(f) for f in s.get(k, {}).get("foreign_cores", [])) for k in
@@ -868,21 +875,21 @@ def table(r):
         lines.append("| sink | commit-to-arrival p50 / p99 ms | commit-to-marked p50 / p99 ms | broker CPU us/event "
                      "| above its idle | broker idle (cores) | achieved/s | foreign load | valid |")
         lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-        for name, e in r["sinks"].items():
-            st = e.get("steady")
-            if not st:
-                continue
-            if "error" in st:
-                lines.append(f"| {name} | failed: {st['error'][:150]} | | | | | | | False |")
-                continue
-            arr, mk = st["commit_to_arrival_ms"], st["commit_to_marked_ms"]
-            extra = ""
-            if "commit_to_ack_ms" in st:
-                extra = f" (ack {st['commit_to_ack_ms'].get('p50')} / {st['commit_to_ack_ms'].get('p99')})"
-            lines.append(f"| {name} | {arr.get('p50')} / {arr.get('p99')}{extra} | {mk.get('p50')} / {mk.get('p99')} | "
-                         f"{st['broker_cpu_us_per_event']} | {st['broker_cpu_us_per_event_above_idle']} | "
-                         f"{st['broker_idle_cores']} | {st['achieved_rate']} | {st['cpu']['foreign_cores']} | "
-                         f"{st['valid']} |")
+        for sink_name, e in r["sinks"].items():
+            for st in e.get("steady_runs", []):
+                name = sink_name + "".join(f" {k}={v}" for k, v in st.get("relay", {}).items())
+                if "error" in st:
+                    lines.append(f"| {name} | failed: {st['error'][:150]} | | | | | | | False |")
+                    continue
+                arr, mk = st["commit_to_arrival_ms"], st["commit_to_marked_ms"]
+                extra = ""
+                if "commit_to_ack_ms" in st:
+                    extra = f" (ack {st['commit_to_ack_ms'].get('p50')} / {st['commit_to_ack_ms'].get('p99')})"
+                lines.append(f"| {name} | {arr.get('p50')} / {arr.get('p99')}{extra} | "
+                             f"{mk.get('p50')} / {mk.get('p99')} | "
+                             f"{st['broker_cpu_us_per_event']} | {st['broker_cpu_us_per_event_above_idle']} | "
+                             f"{st['broker_idle_cores']} | {st['achieved_rate']} | {st['cpu']['foreign_cores']} | "
+                             f"{st['valid']} |")
     return "\n".join(lines)
 
 
@@ -902,6 +909,11 @@ def main():
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
     p.add_argument("--steady", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--steady-rate", type=int, default=1000)
+    p.add_argument("--steady-relay", default="[{}]",
+                   help="a JSON list of relay-section overrides; the steady part runs once per entry, in order "
+                        "(e.g. '[{\"light_poll_interval\": \"8ms\"}, {\"light_poll_interval\": \"16ms\"}]')")
+    p.add_argument("--drains", action=argparse.BooleanOptionalAction, default=True,
+                   help="--no-drains: only the steady part")
     p.add_argument("--steady-seconds", type=int, default=30)
     p.add_argument("--steady-warmup", type=float, default=3.0)
     p.add_argument("--steady-idle-seconds", type=float, default=5.0,
