@@ -132,9 +132,9 @@ void append_record(const Event& event, const Envelope& envelope, std::string& ou
   }
 }
 
-FileSink::FileSink(std::string name, FileSinkConfig config) : name_(std::move(name)), config_(std::move(config)) {
+FileSink::FileSink(std::string name, FileSinkConfig config) : NamedSink(std::move(name)), config_(std::move(config)) {
   if (const int err = open_file()) {
-    const std::string key = (config_.key_path.empty() ? "sink '" + name_ + "'" : config_.key_path) + ".path";
+    const std::string key = (config_.key_path.empty() ? "sink '" + this->name() + "'" : config_.key_path) + ".path";
     throw config::ConfigError(key + ": cannot open " + config_.path + " for appending: " + std::strerror(err));
   }
 }
@@ -155,10 +155,10 @@ int FileSink::open_file() {
   const Cut cut = cut_incomplete_last_line(fd_);
   if (cut.error != 0) {
     log::warn("file sink could not check the file for an incomplete last line; appending anyway",
-              {{"sink", name_}, {"path", config_.path}, {"error", std::strerror(cut.error)}});
+              {{"sink", name()}, {"path", config_.path}, {"error", std::strerror(cut.error)}});
   } else if (cut.bytes > 0) {
     log::warn("file sink cut an incomplete last line (a torn write) before appending",
-              {{"sink", name_}, {"path", config_.path}, {"bytes_cut", static_cast<long long>(cut.bytes)}});
+              {{"sink", name()}, {"path", config_.path}, {"bytes_cut", static_cast<long long>(cut.bytes)}});
   }
   return 0;
 }
@@ -166,7 +166,7 @@ int FileSink::open_file() {
 std::vector<Outcome> FileSink::publish(std::span<const Event* const> events) {
   auto fail_all = [&](std::string reason) {
     usable_ = false;
-    log::warn("file sink write failed", {{"sink", name_}, {"path", config_.path}, {"error", reason}});
+    log::warn("file sink write failed", {{"sink", name()}, {"path", config_.path}, {"error", reason}});
     if (fd_ >= 0) {
       ::close(fd_);  // reopen next time: the file may have been moved or its disk replaced
       fd_ = -1;
@@ -187,7 +187,7 @@ std::vector<Outcome> FileSink::publish(std::span<const Event* const> events) {
     const bool regular = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
     if (const int err = write_all(fd_, buffer_)) {
       if (regular && ::ftruncate(fd_, st.st_size) != 0) {
-        log::warn("file sink could not truncate a partial write", {{"sink", name_}, {"error", std::strerror(errno)}});
+        log::warn("file sink could not truncate a partial write", {{"sink", name()}, {"error", std::strerror(errno)}});
       }
       write_error = errno_text("write", err);
     }

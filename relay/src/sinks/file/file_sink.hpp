@@ -20,17 +20,14 @@ void append_record(const Event& event, const Envelope& envelope, std::string& ou
 // before anything is appended, so each line of the file stays one whole JSON object. Every append
 // and cut holds an exclusive flock(2) on the file, so relays sharing one file never cut a line
 // another one is writing. One thread at a time.
-class FileSink final : public Sink {
+class FileSink final : public NamedSink {
  public:
   // Opens (creates) the file. Throws config::ConfigError naming config.key_path + ".path" when it
   // cannot be opened for appending (missing directory, not writable, a path under a file, ...):
   // such a sink would only ever retry. Failures after start are retries, as for every sink.
   FileSink(std::string name, FileSinkConfig config);
   ~FileSink() override;
-  FileSink(const FileSink&) = delete;
-  FileSink& operator=(const FileSink&) = delete;
 
-  const std::string& name() const override { return name_; }
   std::vector<Outcome> publish(std::span<const Event* const> events) override;
   bool usable() const override;
 
@@ -39,7 +36,6 @@ class FileSink final : public Sink {
   // (fd_ stays -1 then).
   int open_file();
 
-  std::string name_;
   FileSinkConfig config_;
   int fd_ = -1;  // open from the constructor on; after a failure, reopened by the next publish()
   std::atomic<bool> usable_{true};
@@ -47,15 +43,13 @@ class FileSink final : public Sink {
 };
 
 // Writes to standard output, flushed per batch. One thread at a time.
-class StdoutSink final : public Sink {
+class StdoutSink final : public NamedSink {
  public:
   explicit StdoutSink(std::string name, StdoutSinkConfig config = {})
-      : name_(std::move(name)), config_(std::move(config)) {}
-  const std::string& name() const override { return name_; }
+      : NamedSink(std::move(name)), config_(std::move(config)) {}
   std::vector<Outcome> publish(std::span<const Event* const> events) override;
 
  private:
-  std::string name_;
   StdoutSinkConfig config_;
   std::string buffer_;
 };

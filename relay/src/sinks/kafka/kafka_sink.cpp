@@ -459,7 +459,7 @@ struct KafkaSink::Impl {
 };
 
 KafkaSink::KafkaSink(std::string name, KafkaSinkConfig config)
-    : impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
+    : NamedSink(name), impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
   Impl& impl = *impl_;
   std::string error;
   impl.producer = impl.create_producer(error);
@@ -474,8 +474,6 @@ KafkaSink::KafkaSink(std::string name, KafkaSinkConfig config)
 }
 
 KafkaSink::~KafkaSink() = default;
-
-const std::string& KafkaSink::name() const { return impl_->name; }
 
 std::vector<Outcome> KafkaSink::publish(std::span<const Event* const> events) { return impl_->publish(events); }
 

@@ -23,17 +23,14 @@
 
 namespace outbox::sinks {
 
-class KafkaSink final : public Sink {
+class KafkaSink final : public NamedSink {
  public:
   // Creates the producer; it connects in the background. Throws config::ConfigError naming
   // config.key_path if librdkafka rejects the configuration. Unreachable brokers are not an
   // error here: usable() stays false until a broker answers.
   KafkaSink(std::string name, KafkaSinkConfig config);
   ~KafkaSink() override;
-  KafkaSink(const KafkaSink&) = delete;
-  KafkaSink& operator=(const KafkaSink&) = delete;
 
-  const std::string& name() const override;
   // Produces the whole batch, then serves delivery reports until every event has an outcome or
   // delivery_timeout passes (undecided events: kRetry). Blocks at most about delivery_timeout.
   // A fatal producer error fails the whole batch with kRetry and replaces the producer.

@@ -439,7 +439,7 @@ struct NatsSink::Impl {
 };
 
 NatsSink::NatsSink(std::string name, NatsSinkConfig config)
-    : impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
+    : NamedSink(name), impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
   impl_->connect();
   log::info("nats connection created", {{"sink", impl_->name},
                                         {"url", impl_->config.url_for_logs},
@@ -449,8 +449,6 @@ NatsSink::NatsSink(std::string name, NatsSinkConfig config)
 }
 
 NatsSink::~NatsSink() = default;
-
-const std::string& NatsSink::name() const { return impl_->name; }
 
 std::vector<Outcome> NatsSink::publish(std::span<const Event* const> events) { return impl_->publish(events); }
 

@@ -21,17 +21,14 @@
 
 namespace outbox::sinks {
 
-class NatsSink final : public Sink {
+class NatsSink final : public NamedSink {
  public:
   // Creates the connection; it connects (and reconnects, forever) in the background. A server
   // that cannot be reached is not an error here: usable() stays false until it answers. Throws
   // config::ConfigError naming config.key_path if nats.c rejects the settings.
   NatsSink(std::string name, NatsSinkConfig config);
   ~NatsSink() override;
-  NatsSink(const NatsSink&) = delete;
-  NatsSink& operator=(const NatsSink&) = delete;
 
-  const std::string& name() const override;
   // Publishes the batch and waits for its PubAcks, at most about config.timeout; events without
   // one then retry. Returns with nothing of the batch still in flight.
   std::vector<Outcome> publish(std::span<const Event* const> events) override;

@@ -483,7 +483,7 @@ struct RabbitmqSink::Impl {
 };
 
 RabbitmqSink::RabbitmqSink(std::string name, RabbitmqSinkConfig config)
-    : impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
+    : NamedSink(name), impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
   Impl& impl = *impl_;
   {
     std::lock_guard lock(impl.mutex);
@@ -493,8 +493,6 @@ RabbitmqSink::RabbitmqSink(std::string name, RabbitmqSinkConfig config)
 }
 
 RabbitmqSink::~RabbitmqSink() = default;
-
-const std::string& RabbitmqSink::name() const { return impl_->name; }
 
 std::vector<Outcome> RabbitmqSink::publish(std::span<const Event* const> events) { return impl_->publish(events); }
 

@@ -21,16 +21,13 @@
 
 namespace outbox::sinks {
 
-class RabbitmqSink final : public Sink {
+class RabbitmqSink final : public NamedSink {
  public:
   // Tries to connect once (bounded by timeout); an unreachable broker is not an error here:
   // usable() stays false and the sink reconnects in the background and at the next batch.
   RabbitmqSink(std::string name, RabbitmqSinkConfig config);
   ~RabbitmqSink() override;
-  RabbitmqSink(const RabbitmqSink&) = delete;
-  RabbitmqSink& operator=(const RabbitmqSink&) = delete;
 
-  const std::string& name() const override;
   // Publishes the batch and waits for its confirms. Blocks at most about timeout (a watchdog
   // shuts the socket down if a send or read outlives it), plus at most about timeout more if
   // the background reconnect is under way. Never throws for broker failures.

@@ -225,7 +225,7 @@ struct RedisSink::Impl {
 };
 
 RedisSink::RedisSink(std::string name, RedisSinkConfig config)
-    : impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
+    : NamedSink(name), impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
   Impl& impl = *impl_;
   // The helper reads impl until it is stopped, as Impl's last member, before the rest of impl.
   impl.helper.start(kPingInterval, [&impl] { impl.beat(); });
@@ -234,8 +234,6 @@ RedisSink::RedisSink(std::string name, RedisSinkConfig config)
 }
 
 RedisSink::~RedisSink() = default;
-
-const std::string& RedisSink::name() const { return impl_->name; }
 
 std::vector<Outcome> RedisSink::publish(std::span<const Event* const> events) { return impl_->publish(events); }
 

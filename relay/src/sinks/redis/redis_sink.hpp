@@ -22,16 +22,13 @@
 
 namespace outbox::sinks {
 
-class RedisSink final : public Sink {
+class RedisSink final : public NamedSink {
  public:
   // Starts a helper thread that connects in the background and PINGs an idle connection every
   // second (feeds usable()). Never throws for an unreachable server.
   RedisSink(std::string name, RedisSinkConfig config);
   ~RedisSink() override;  // stops and joins the helper thread
-  RedisSink(const RedisSink&) = delete;
-  RedisSink& operator=(const RedisSink&) = delete;
 
-  const std::string& name() const override;
   // Connects if needed, then runs the batch's transaction. Blocks at most about config.timeout
   // (connecting included). Downstream failures are outcomes, never exceptions.
   std::vector<Outcome> publish(std::span<const Event* const> events) override;

@@ -234,10 +234,10 @@ struct WebhookSink::Impl {
   }
 };
 
-WebhookSink::WebhookSink(std::string name, WebhookSinkConfig config) : name_(std::move(name)), impl_(new Impl) {
+WebhookSink::WebhookSink(std::string name, WebhookSinkConfig config) : NamedSink(std::move(name)), impl_(new Impl) {
   init_curl_once();
   Impl& im = *impl_;
-  im.name = name_;
+  im.name = this->name();
   im.config = std::move(config);
   for (const auto& [hname, value] : im.config.headers) {
     im.static_header_lines.push_back(header_line(hname, value));
@@ -251,16 +251,16 @@ WebhookSink::WebhookSink(std::string name, WebhookSinkConfig config) : name_(std
   curl_multi_setopt(im.multi.get(), CURLMOPT_MAX_HOST_CONNECTIONS, slots);
   for (int i = 0; i < im.config.max_in_flight; ++i) im.transfers.push_back(im.make_transfer());
 
-  log::info("webhook sink ready", {{"sink", name_},
+  log::info("webhook sink ready", {{"sink", im.name},
                                    {"url", im.config.url_for_logs},
                                    {"max_in_flight", im.config.max_in_flight},
                                    {"timeout", config::format_duration(im.config.timeout)},
                                    {"signing_keys", im.config.signing_keys.size()}});
   if (im.config.signing_keys.empty()) {
-    log::warn("webhook sink has no secrets: requests are not signed", {{"sink", name_}});
+    log::warn("webhook sink has no secrets: requests are not signed", {{"sink", im.name}});
   }
   if (im.config.tls.insecure_skip_verify) {
-    log::warn("webhook sink does not verify TLS certificates (tls.insecure_skip_verify)", {{"sink", name_}});
+    log::warn("webhook sink does not verify TLS certificates (tls.insecure_skip_verify)", {{"sink", im.name}});
   }
 }
 
@@ -394,7 +394,7 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
     if (!r) r = Outcome::retry("internal error: the webhook sink lost track of this event");
     outcomes.push_back(std::move(*r));
   }
-  log_webhook_batch(name_, outcomes, new_connections, started);
+  log_webhook_batch(name(), outcomes, new_connections, started);
   return outcomes;
 }
 

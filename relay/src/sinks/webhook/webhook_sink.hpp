@@ -16,15 +16,12 @@ namespace outbox::sinks {
 // after publish() began (the rest get kDeferred and are released), and each request ends within
 // `timeout`, so publish() returns within about twice the timeout.
 // Threading: publish() from one thread at a time; usable() from any thread.
-class WebhookSink final : public Sink {
+class WebhookSink final : public NamedSink {
  public:
   // Throws config::ConfigError if curl cannot be set up with this config.
   WebhookSink(std::string name, WebhookSinkConfig config);
   ~WebhookSink() override;
-  WebhookSink(const WebhookSink&) = delete;
-  WebhookSink& operator=(const WebhookSink&) = delete;
 
-  const std::string& name() const override { return name_; }
   std::vector<Outcome> publish(std::span<const Event* const> events) override;
   // False while the most recent request got no HTTP response at all (connection refused, DNS,
   // TLS, timeout); any HTTP response, even a 500, makes it true again.
@@ -32,7 +29,6 @@ class WebhookSink final : public Sink {
 
  private:
   struct Impl;  // keeps curl out of this header
-  std::string name_;
   std::unique_ptr<Impl> impl_;
   std::atomic<bool> usable_{true};
 };
