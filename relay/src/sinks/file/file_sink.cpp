@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -106,6 +107,37 @@ Cut cut_incomplete_last_line(int fd) {
   return {st.st_size - keep, 0};
 }
 
+// The sink make_file_sink() builds (file_sink.hpp).
+class FileSink final : public NamedSink {
+ public:
+  FileSink(std::string name, FileSinkConfig config);
+  ~FileSink() override;
+
+  std::vector<Outcome> publish(std::span<const Event* const> events) override;
+  bool usable() const override;
+
+ private:
+  // Opens config_.path into fd_ and cuts an incomplete last line. Returns 0 or an errno value
+  // (fd_ stays -1 then).
+  int open_file();
+
+  FileSinkConfig config_;
+  int fd_ = -1;  // open from the constructor on; after a failure, reopened by the next publish()
+  std::atomic<bool> usable_{true};
+  std::string buffer_;
+};
+
+// The sink make_stdout_sink() builds (file_sink.hpp).
+class StdoutSink final : public NamedSink {
+ public:
+  StdoutSink(std::string name, StdoutSinkConfig config) : NamedSink(std::move(name)), config_(std::move(config)) {}
+  std::vector<Outcome> publish(std::span<const Event* const> events) override;
+
+ private:
+  StdoutSinkConfig config_;
+  std::string buffer_;
+};
+
 }  // namespace
 
 void append_json_line(const Event& e, std::string& out) {
@@ -204,6 +236,14 @@ std::vector<Outcome> StdoutSink::publish(std::span<const Event* const> events) {
   const bool ok = std::fwrite(buffer_.data(), 1, buffer_.size(), stdout) == buffer_.size() && std::fflush(stdout) == 0;
   if (!ok) return std::vector<Outcome>(events.size(), Outcome::retry(errno_text("write stdout", errno)));
   return std::vector<Outcome>(events.size(), Outcome::delivered());
+}
+
+std::unique_ptr<Sink> make_file_sink(std::string name, FileSinkConfig config) {
+  return std::make_unique<FileSink>(std::move(name), std::move(config));
+}
+
+std::unique_ptr<Sink> make_stdout_sink(std::string name, StdoutSinkConfig config) {
+  return std::make_unique<StdoutSink>(std::move(name), std::move(config));
 }
 
 }  // namespace outbox::sinks
