@@ -66,16 +66,6 @@ SinkType sink_type(std::string name, Settings (*parse)(config::Section&), nlohma
           }};
 }
 
-// The same row for a sink class constructed as SinkImpl(name, settings).
-template <class SinkImpl, class Settings>
-std::unique_ptr<Sink> construct_sink(std::string name, Settings settings) {
-  return std::make_unique<SinkImpl>(std::move(name), std::move(settings));
-}
-template <class SinkImpl, class Settings>
-SinkType sink_type(std::string name, Settings (*parse)(config::Section&), nlohmann::json (*describe)(const Settings&)) {
-  return sink_type<&construct_sink<SinkImpl, Settings>>(std::move(name), parse, describe);
-}
-
 // Every type this build knows, in the order error messages list them.
 const std::vector<SinkType>& sink_types();
 std::vector<std::string> sink_type_names();
