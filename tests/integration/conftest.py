@@ -285,6 +285,24 @@ def base_config(db: Database, sinks: list, **relay_overrides) -> dict:
     return {"database": {"url": db.url}, "relay": relay, "http": {"enabled": False}, "sinks": sinks}
 
 
+def unique(prefix: str) -> str:
+    """prefix plus 8 random hex digits: a topic, stream or key no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def pending(db: Database) -> int:
+    """Events neither processed nor dead-lettered."""
+    return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL")
+
+
+def rows_by_id(db: Database) -> dict:
+    """Every row by id: (topic, aggregate_id, payload, headers (both as text), created_at, processed_at,
+    attempts, dead_lettered_at, last_error)."""
+    return {r[0]: r[1:] for r in db.query(
+        "SELECT id, topic, aggregate_id, payload::text, headers::text, created_at, processed_at, attempts, "
+        "dead_lettered_at, last_error FROM outbox_events")}
+
+
 def read_jsonl(path: Path):
     """Complete JSON lines of a file (a line still being written is ignored)."""
     if not path.exists():

@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from conftest import (ROOT, Database, Writers, base_config, read_jsonl, run_cli, run_config, throwaway_cluster,
+from conftest import (ROOT, Database, Writers, base_config, pending, read_jsonl, run_cli, run_config, throwaway_cluster,
                       wait_until)
 
 
@@ -32,10 +32,6 @@ def assert_per_key_order(lines):
         key = line["key"]
         assert last.get(key, 0) < line["id"], f"key {key}: id {line['id']} after {last[key]}"
         last[key] = line["id"]
-
-
-def pending(db):
-    return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL")
 
 
 def all_ids(db):

@@ -12,15 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RELAY_BIN, base_config, read_jsonl, run_config, wait_until, yaml_config
+from conftest import RELAY_BIN, base_config, pending, read_jsonl, run_config, wait_until, yaml_config
 
 
 def file_sink(path, name="audit"):
     return {"name": name, "type": "file", "path": str(path)}
-
-
-def pending(db):
-    return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL")
 
 
 def size_of(path):

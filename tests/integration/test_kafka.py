@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import Writers, base_config, run_cli, wait_until
+from conftest import Writers, base_config, pending, rows_by_id, run_cli, unique, wait_until
 from kafka_fixtures import check_order, kafka_broker, own_kafka_broker, read_topic  # noqa: F401
 
 
@@ -20,20 +20,6 @@ def kafka_sink(bootstrap, topic="outbox.{topic}", **extra):
     sink = {"name": "kafka", "type": "kafka", "brokers": bootstrap, "topic": topic}
     sink.update(extra)
     return [sink]
-
-
-def unique(prefix):
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def pending(db):
-    return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL")
-
-
-def rows_by_id(db):
-    return {r[0]: r[1:] for r in db.query(
-        "SELECT id, topic, aggregate_id, payload::text, headers::text, created_at, processed_at, attempts, "
-        "dead_lettered_at, last_error FROM outbox_events")}
 
 
 def test_1_fifty_thousand_events_from_8_writers_reach_the_topic_once_in_key_order(db, relays, kafka_broker):

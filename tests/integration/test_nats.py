@@ -8,7 +8,7 @@ import json
 import time
 import uuid
 
-from conftest import Writers, base_config, run_cli, wait_until
+from conftest import Writers, base_config, pending, rows_by_id, run_cli, unique, wait_until
 from nats_fixtures import check_order, nats_server, nats_server_with_password, own_nats_server, read_stream  # noqa: F401
 
 
@@ -18,10 +18,6 @@ def nats_sink(url, subject="outbox.{topic}", **extra):
     return [sink]
 
 
-def unique(prefix):
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
 def stream_for(server, row_topic):
     """A stream capturing outbox.<row_topic>; its name."""
     name = "S" + uuid.uuid4().hex[:10].upper()
@@ -29,18 +25,8 @@ def stream_for(server, row_topic):
     return name
 
 
-def pending(db):
-    return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL")
-
-
 def done(db):
     return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL")
-
-
-def rows_by_id(db):
-    return {r[0]: r[1:] for r in db.query(
-        "SELECT id, topic, aggregate_id, payload::text, headers::text, created_at, processed_at, attempts, "
-        "dead_lettered_at, last_error FROM outbox_events")}
 
 
 def test_1_twenty_thousand_events_reach_the_stream_once_in_key_order(db, relays, nats_server):

@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import RELAY_BIN, Database, Writers, base_config, free_port, read_jsonl, wait_until
+from conftest import RELAY_BIN, Database, Writers, base_config, free_port, pending, read_jsonl, wait_until
 from test_core import assert_per_key_order
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -145,10 +145,6 @@ def file_sink(path):
 
 def advisory_locks(db):
     return db.scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
-
-
-def pending(db):
-    return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL")
 
 
 def readyz(port):

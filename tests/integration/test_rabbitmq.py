@@ -8,28 +8,14 @@ import json
 import time
 import uuid
 
-from conftest import Writers, base_config, run_cli, run_config, wait_until
+from conftest import Writers, base_config, pending, rows_by_id, run_cli, run_config, unique, wait_until
 from rabbitmq_fixtures import check_order, rabbitmq, read_queue  # noqa: F401
-
-
-def unique(prefix):
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def rabbitmq_sink(url, exchange, **extra):
     sink = {"name": "rabbitmq", "type": "rabbitmq", "url": url, "exchange": exchange}
     sink.update(extra)
     return [sink]
-
-
-def pending(db):
-    return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL")
-
-
-def rows_by_id(db):
-    return {r[0]: r[1:] for r in db.query(
-        "SELECT id, topic, aggregate_id, payload::text, headers::text, created_at, processed_at, attempts, "
-        "dead_lettered_at, last_error FROM outbox_events")}
 
 
 def test_20000_events_reach_the_queue_once_in_key_order_with_their_properties(db, relays, rabbitmq):

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 import uuid
 
-from conftest import Writers, base_config, free_port, make_tls_files, run_cli, run_config, wait_until
+from conftest import Writers, base_config, free_port, make_tls_files, pending, run_cli, run_config, unique, wait_until
 from redis_fixtures import check_order, entry_headers, own_redis_server, read_stream, redis_server  # noqa: F401
 
 
@@ -18,14 +18,6 @@ def redis_sink(url, stream="outbox.{topic}", **extra):
     sink = {"name": "redis", "type": "redis", "url": url, "stream": stream}
     sink.update(extra)
     return [sink]
-
-
-def unique(prefix):
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def pending(db):
-    return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL")
 
 
 def rows_by_id(db):

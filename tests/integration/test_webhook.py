@@ -14,16 +14,12 @@ import time
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from conftest import base_config, run_config, wait_until
+from conftest import base_config, pending, run_config, wait_until
 from webhook_receiver import Reply, make_self_signed_cert, receivers, server_tls_context, webhook_sink  # noqa: F401
 
 
 def new_secret() -> str:
     return "whsec_" + base64.b64encode(os.urandom(32)).decode()
-
-
-def pending(db) -> int:
-    return db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL")
 
 
 def rows(db):

@@ -137,6 +137,16 @@ std::chrono::milliseconds Section::duration_or(const std::string& key, std::chro
   return *parsed;
 }
 
+std::chrono::milliseconds Section::duration_or(const std::string& key, std::chrono::milliseconds fallback,
+                                               std::chrono::milliseconds min, std::chrono::milliseconds max) {
+  const auto value = duration_or(key, fallback);
+  if (value < min || value > max) {
+    throw ConfigError(key_path(key) + ": expected a duration from " + format_duration(min) + " to " +
+                      format_duration(max) + ", got " + format_duration(value));
+  }
+  return value;
+}
+
 std::string Section::choice_or(const std::string& key, std::string fallback, const std::vector<std::string>& allowed) {
   auto value = optional_string(key);
   if (!value) return fallback;

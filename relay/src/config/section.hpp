@@ -49,6 +49,9 @@ class Section {
   long long integer_or(const std::string& key, long long fallback, long long min, long long max);
   bool boolean_or(const std::string& key, bool fallback);
   std::chrono::milliseconds duration_or(const std::string& key, std::chrono::milliseconds fallback);
+  // The same, and the duration must lie within [min, max]; the error names both.
+  std::chrono::milliseconds duration_or(const std::string& key, std::chrono::milliseconds fallback,
+                                        std::chrono::milliseconds min, std::chrono::milliseconds max);
   // One of `allowed`; the error lists them.
   std::string choice_or(const std::string& key, std::string fallback, const std::vector<std::string>& allowed);
   std::vector<std::string> string_list(const std::string& key);           // absent: empty

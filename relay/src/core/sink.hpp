@@ -4,6 +4,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/event.hpp"
@@ -49,6 +50,21 @@ class Sink {
   virtual bool usable() const { return true; }
   // Push out anything buffered; called at shutdown. Bounded by timeout.
   virtual void flush(std::chrono::milliseconds /*timeout*/) {}
+};
+
+// What every sink shares: the name it was configured under, set once. A sink owns connections,
+// files or threads and is held by pointer, so none is copyable or movable; that is said here once.
+class NamedSink : public Sink {
+ public:
+  NamedSink(const NamedSink&) = delete;
+  NamedSink& operator=(const NamedSink&) = delete;
+  const std::string& name() const final { return name_; }
+
+ protected:
+  explicit NamedSink(std::string name) : name_(std::move(name)) {}
+
+ private:
+  const std::string name_;
 };
 
 }  // namespace outbox

@@ -32,19 +32,17 @@ struct SinkType {
 };
 
 // The row of a sink whose settings are a plain struct: parse(section) -> Settings,
-// describe(settings) -> JSON for the log, and a constructor SinkImpl(name, settings). A sink
-// supports `format: cloudevents` by giving its Settings an `Envelope envelope` member; for the
-// others that format is a config error naming `sinks[N].format`.
-template <class SinkImpl, class Settings>
+// describe(settings) -> JSON for the log, and the sink's factory make_sink(name, settings) (its
+// folder's make_<type>_sink). A sink supports `format: cloudevents` by giving its Settings an
+// `Envelope envelope` member; for the others that format is a config error naming `sinks[N].format`.
+template <auto make_sink, class Settings>
 SinkType sink_type(std::string name, Settings (*parse)(config::Section&), nlohmann::json (*describe)(const Settings&)) {
   class Spec final : public SinkSpec {
    public:
     Spec(Settings settings, nlohmann::json description)
         : settings_(std::move(settings)), description_(std::move(description)) {}
     nlohmann::json describe() const override { return description_; }
-    std::unique_ptr<Sink> make(const std::string& sink_name) const override {
-      return std::make_unique<SinkImpl>(sink_name, settings_);
-    }
+    std::unique_ptr<Sink> make(const std::string& sink_name) const override { return make_sink(sink_name, settings_); }
 
    private:
     Settings settings_;

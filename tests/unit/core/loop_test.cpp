@@ -78,10 +78,9 @@ class FakeStore final : public Store {
 };
 
 // Answers with a scripted outcome per event id (default: delivered) and records what it saw.
-class FakeSink final : public Sink {
+class FakeSink final : public NamedSink {
  public:
-  explicit FakeSink(std::string name) : name_(std::move(name)) {}
-  const std::string& name() const override { return name_; }
+  explicit FakeSink(std::string name) : NamedSink(std::move(name)) {}
   std::vector<Outcome> publish(std::span<const Event* const> events) override {
     for (const Event* e : events) {
       if (throws_at == e->id) throw std::runtime_error("boom at " + std::to_string(e->id));
@@ -101,9 +100,6 @@ class FakeSink final : public Sink {
   bool short_answer = false;
   EventId throws_at = 0;        // publish() throws std::runtime_error on a batch holding this id
   EventId throws_other_at = 0;  // ... throws an int
-
- private:
-  std::string name_;
 };
 
 class CountingMetrics final : public Metrics {

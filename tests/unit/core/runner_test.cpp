@@ -205,9 +205,9 @@ class FakeStore final : public Store {
   const FakeClock& clock_;
 };
 
-class RetryingSink final : public Sink {
+class RetryingSink final : public NamedSink {
  public:
-  const std::string& name() const override { return name_; }
+  RetryingSink() : NamedSink("a") {}
   std::vector<Outcome> publish(std::span<const Event* const> events) override {
     std::vector<Outcome> out;
     for (const Event* e : events) {
@@ -217,9 +217,6 @@ class RetryingSink final : public Sink {
     return out;
   }
   std::set<EventId> retry_ids;
-
- private:
-  std::string name_ = "a";
 };
 
 class CountingMetrics final : public Metrics {

@@ -9,17 +9,15 @@ using namespace outbox;
 
 namespace {
 
-class FakeSink final : public Sink {
+class FakeSink final : public NamedSink {
  public:
-  FakeSink(std::string name, bool usable) : name_(std::move(name)), usable_(usable) {}
-  const std::string& name() const override { return name_; }
+  FakeSink(std::string name, bool usable) : NamedSink(std::move(name)), usable_(usable) {}
   std::vector<Outcome> publish(std::span<const Event* const> events) override {
     return std::vector<Outcome>(events.size(), Outcome::delivered());
   }
   bool usable() const override { return usable_; }
 
  private:
-  std::string name_;
   bool usable_;
 };
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -106,6 +107,37 @@ Cut cut_incomplete_last_line(int fd) {
   return {st.st_size - keep, 0};
 }
 
+// The sink make_file_sink() builds (file_sink.hpp).
+class FileSink final : public NamedSink {
+ public:
+  FileSink(std::string name, FileSinkConfig config);
+  ~FileSink() override;
+
+  std::vector<Outcome> publish(std::span<const Event* const> events) override;
+  bool usable() const override;
+
+ private:
+  // Opens config_.path into fd_ and cuts an incomplete last line. Returns 0 or an errno value
+  // (fd_ stays -1 then).
+  int open_file();
+
+  FileSinkConfig config_;
+  int fd_ = -1;  // open from the constructor on; after a failure, reopened by the next publish()
+  std::atomic<bool> usable_{true};
+  std::string buffer_;
+};
+
+// The sink make_stdout_sink() builds (file_sink.hpp).
+class StdoutSink final : public NamedSink {
+ public:
+  StdoutSink(std::string name, StdoutSinkConfig config) : NamedSink(std::move(name)), config_(std::move(config)) {}
+  std::vector<Outcome> publish(std::span<const Event* const> events) override;
+
+ private:
+  StdoutSinkConfig config_;
+  std::string buffer_;
+};
+
 }  // namespace
 
 void append_json_line(const Event& e, std::string& out) {
@@ -132,9 +164,9 @@ void append_record(const Event& event, const Envelope& envelope, std::string& ou
   }
 }
 
-FileSink::FileSink(std::string name, FileSinkConfig config) : name_(std::move(name)), config_(std::move(config)) {
+FileSink::FileSink(std::string name, FileSinkConfig config) : NamedSink(std::move(name)), config_(std::move(config)) {
   if (const int err = open_file()) {
-    const std::string key = (config_.key_path.empty() ? "sink '" + name_ + "'" : config_.key_path) + ".path";
+    const std::string key = (config_.key_path.empty() ? "sink '" + this->name() + "'" : config_.key_path) + ".path";
     throw config::ConfigError(key + ": cannot open " + config_.path + " for appending: " + std::strerror(err));
   }
 }
@@ -155,10 +187,10 @@ int FileSink::open_file() {
   const Cut cut = cut_incomplete_last_line(fd_);
   if (cut.error != 0) {
     log::warn("file sink could not check the file for an incomplete last line; appending anyway",
-              {{"sink", name_}, {"path", config_.path}, {"error", std::strerror(cut.error)}});
+              {{"sink", name()}, {"path", config_.path}, {"error", std::strerror(cut.error)}});
   } else if (cut.bytes > 0) {
     log::warn("file sink cut an incomplete last line (a torn write) before appending",
-              {{"sink", name_}, {"path", config_.path}, {"bytes_cut", static_cast<long long>(cut.bytes)}});
+              {{"sink", name()}, {"path", config_.path}, {"bytes_cut", static_cast<long long>(cut.bytes)}});
   }
   return 0;
 }
@@ -166,7 +198,7 @@ int FileSink::open_file() {
 std::vector<Outcome> FileSink::publish(std::span<const Event* const> events) {
   auto fail_all = [&](std::string reason) {
     usable_ = false;
-    log::warn("file sink write failed", {{"sink", name_}, {"path", config_.path}, {"error", reason}});
+    log::warn("file sink write failed", {{"sink", name()}, {"path", config_.path}, {"error", reason}});
     if (fd_ >= 0) {
       ::close(fd_);  // reopen next time: the file may have been moved or its disk replaced
       fd_ = -1;
@@ -187,7 +219,7 @@ std::vector<Outcome> FileSink::publish(std::span<const Event* const> events) {
     const bool regular = ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode);
     if (const int err = write_all(fd_, buffer_)) {
       if (regular && ::ftruncate(fd_, st.st_size) != 0) {
-        log::warn("file sink could not truncate a partial write", {{"sink", name_}, {"error", std::strerror(errno)}});
+        log::warn("file sink could not truncate a partial write", {{"sink", name()}, {"error", std::strerror(errno)}});
       }
       write_error = errno_text("write", err);
     }
@@ -204,6 +236,14 @@ std::vector<Outcome> StdoutSink::publish(std::span<const Event* const> events) {
   const bool ok = std::fwrite(buffer_.data(), 1, buffer_.size(), stdout) == buffer_.size() && std::fflush(stdout) == 0;
   if (!ok) return std::vector<Outcome>(events.size(), Outcome::retry(errno_text("write stdout", errno)));
   return std::vector<Outcome>(events.size(), Outcome::delivered());
+}
+
+std::unique_ptr<Sink> make_file_sink(std::string name, FileSinkConfig config) {
+  return std::make_unique<FileSink>(std::move(name), std::move(config));
+}
+
+std::unique_ptr<Sink> make_stdout_sink(std::string name, StdoutSinkConfig config) {
+  return std::make_unique<StdoutSink>(std::move(name), std::move(config));
 }
 
 }  // namespace outbox::sinks

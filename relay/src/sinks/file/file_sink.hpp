@@ -1,6 +1,5 @@
 #pragma once
 // JSON Lines sinks: one object per event, {"id","topic","key","payload","headers","created_at"}.
-#include <atomic>
 #include <memory>
 #include <string>
 
@@ -20,44 +19,12 @@ void append_record(const Event& event, const Envelope& envelope, std::string& ou
 // before anything is appended, so each line of the file stays one whole JSON object. Every append
 // and cut holds an exclusive flock(2) on the file, so relays sharing one file never cut a line
 // another one is writing. One thread at a time.
-class FileSink final : public Sink {
- public:
-  // Opens (creates) the file. Throws config::ConfigError naming config.key_path + ".path" when it
-  // cannot be opened for appending (missing directory, not writable, a path under a file, ...):
-  // such a sink would only ever retry. Failures after start are retries, as for every sink.
-  FileSink(std::string name, FileSinkConfig config);
-  ~FileSink() override;
-  FileSink(const FileSink&) = delete;
-  FileSink& operator=(const FileSink&) = delete;
-
-  const std::string& name() const override { return name_; }
-  std::vector<Outcome> publish(std::span<const Event* const> events) override;
-  bool usable() const override;
-
- private:
-  // Opens config_.path into fd_ and cuts an incomplete last line. Returns 0 or an errno value
-  // (fd_ stays -1 then).
-  int open_file();
-
-  std::string name_;
-  FileSinkConfig config_;
-  int fd_ = -1;  // open from the constructor on; after a failure, reopened by the next publish()
-  std::atomic<bool> usable_{true};
-  std::string buffer_;
-};
+// Opens (creates) the file. Throws config::ConfigError naming config.key_path + ".path" when it
+// cannot be opened for appending (missing directory, not writable, a path under a file, ...):
+// such a sink would only ever retry. Failures after start are retries, as for every sink.
+std::unique_ptr<Sink> make_file_sink(std::string name, FileSinkConfig config);
 
 // Writes to standard output, flushed per batch. One thread at a time.
-class StdoutSink final : public Sink {
- public:
-  explicit StdoutSink(std::string name, StdoutSinkConfig config = {})
-      : name_(std::move(name)), config_(std::move(config)) {}
-  const std::string& name() const override { return name_; }
-  std::vector<Outcome> publish(std::span<const Event* const> events) override;
-
- private:
-  std::string name_;
-  StdoutSinkConfig config_;
-  std::string buffer_;
-};
+std::unique_ptr<Sink> make_stdout_sink(std::string name, StdoutSinkConfig config);
 
 }  // namespace outbox::sinks

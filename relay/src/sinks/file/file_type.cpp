@@ -5,8 +5,8 @@
 
 namespace outbox::sinks {
 
-SinkType file_sink_type() { return sink_type<FileSink>("file", parse_file_sink, describe_file_sink); }
+SinkType file_sink_type() { return sink_type<make_file_sink>("file", parse_file_sink, describe_file_sink); }
 
-SinkType stdout_sink_type() { return sink_type<StdoutSink>("stdout", parse_stdout_sink, describe_stdout_sink); }
+SinkType stdout_sink_type() { return sink_type<make_stdout_sink>("stdout", parse_stdout_sink, describe_stdout_sink); }
 
 }  // namespace outbox::sinks

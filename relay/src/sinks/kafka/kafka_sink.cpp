@@ -74,17 +74,16 @@ log::Level level_for(int syslog_level) {
   return log::Level::kDebug;
 }
 
-}  // namespace
-
-struct KafkaSink::Impl {
-  Impl(std::string sink_name, KafkaSinkConfig sink_config)
-      : name(std::move(sink_name)), config(std::move(sink_config)) {
+// The sink kafka_sink.hpp describes (file-local; make_kafka_sink() creates its producer and
+// starts its poller). librdkafka's threads read name() (log callback) until the producer is
+// gone: the name lives in the base, which outlives every member.
+struct KafkaSinkImpl final : public KafkaSink {
+  KafkaSinkImpl(std::string sink_name, KafkaSinkConfig sink_config)
+      : KafkaSink(std::move(sink_name)), config(std::move(sink_config)) {
     const auto auto_create = config.properties.find("allow.auto.create.topics");
     topic_auto_create = auto_create == config.properties.end() || auto_create->second == "true";
   }
 
-  // Declared first: librdkafka's threads read name (log callback) until the producer is gone.
-  const std::string name;
   const KafkaSinkConfig config;
   bool topic_auto_create = true;
 
@@ -111,27 +110,27 @@ struct KafkaSink::Impl {
   // Between batches: serves statistics and errors, re-creates a failed producer (poll_idle).
   PeriodicThread poller;
 
-  ~Impl() {
+  ~KafkaSinkImpl() override {
     poller.stop();
     producer.reset();  // before the batch state above, which its last callbacks may touch
   }
 
-  // --- librdkafka callbacks (C linkage compatible, opaque = Impl*) ---
+  // --- librdkafka callbacks (C linkage compatible, opaque = KafkaSinkImpl*) ---
 
   static void on_delivery(rd_kafka_t* /*rk*/, const rd_kafka_message_t* message, void* opaque) {
-    static_cast<Impl*>(opaque)->delivery_report(message);
+    static_cast<KafkaSinkImpl*>(opaque)->delivery_report(message);
   }
   static void on_error(rd_kafka_t* rk, int err, const char* reason, void* opaque) {
-    static_cast<Impl*>(opaque)->client_error(rk, static_cast<rd_kafka_resp_err_t>(err), reason);
+    static_cast<KafkaSinkImpl*>(opaque)->client_error(rk, static_cast<rd_kafka_resp_err_t>(err), reason);
   }
   static int on_stats(rd_kafka_t* /*rk*/, char* json, size_t length, void* opaque) {
-    static_cast<Impl*>(opaque)->statistics(json, length);
+    static_cast<KafkaSinkImpl*>(opaque)->statistics(json, length);
     return 0;  // librdkafka frees json
   }
   static void on_log(const rd_kafka_t* rk, int level, const char* facility, const char* message) {
-    const auto* self = static_cast<const Impl*>(rd_kafka_opaque(rk));
+    const auto* self = static_cast<const KafkaSinkImpl*>(rd_kafka_opaque(rk));
     log::write(level_for(level), std::string("librdkafka: ") + message,
-               {{"sink", self ? self->name : std::string()}, {"facility", facility}});
+               {{"sink", self ? self->name() : std::string()}, {"facility", facility}});
   }
 
   void delivery_report(const rd_kafka_message_t* message) {
@@ -155,7 +154,7 @@ struct KafkaSink::Impl {
     }
     if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
       reachable = false;
-      log::warn("kafka: all brokers are down", {{"sink", name}, {"error", reason}});
+      log::warn("kafka: all brokers are down", {{"sink", name()}, {"error", reason}});
     }
     // Other client errors (connection refused, timeouts) also reach the log callback; they need
     // no second line here.
@@ -187,7 +186,7 @@ struct KafkaSink::Impl {
       }
     };
     auto user_sets = [&](const char* key) { return config.properties.count(key) > 0; };
-    const std::string here = config.key_path.empty() ? name : config.key_path;
+    const std::string here = config.key_path.empty() ? name() : config.key_path;
 
     set("bootstrap.servers", config.brokers, here + ".brokers");
     set("enable.idempotence", "true", here);
@@ -207,10 +206,10 @@ struct KafkaSink::Impl {
     if (!ok) return nullptr;
 
     rd_kafka_conf_set_opaque(conf.get(), this);
-    rd_kafka_conf_set_dr_msg_cb(conf.get(), &Impl::on_delivery);
-    rd_kafka_conf_set_error_cb(conf.get(), &Impl::on_error);
-    rd_kafka_conf_set_stats_cb(conf.get(), &Impl::on_stats);
-    rd_kafka_conf_set_log_cb(conf.get(), &Impl::on_log);
+    rd_kafka_conf_set_dr_msg_cb(conf.get(), &KafkaSinkImpl::on_delivery);
+    rd_kafka_conf_set_error_cb(conf.get(), &KafkaSinkImpl::on_error);
+    rd_kafka_conf_set_stats_cb(conf.get(), &KafkaSinkImpl::on_stats);
+    rd_kafka_conf_set_log_cb(conf.get(), &KafkaSinkImpl::on_log);
 
     rd_kafka_t* rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf.get(), text, sizeof text);
     if (!rk) {
@@ -231,7 +230,7 @@ struct KafkaSink::Impl {
     if (fatal_reason.empty()) {
       fatal_reason = std::string(rd_kafka_err2name(err)) + ": " + text;
       log::error("kafka producer hit a fatal error; it will be replaced and its batch retried",
-                 {{"sink", name}, {"error", fatal_reason}});
+                 {{"sink", name()}, {"error", fatal_reason}});
     }
     producer_ok = false;
     return true;
@@ -247,10 +246,10 @@ struct KafkaSink::Impl {
     producer = create_producer(producer_error);
     if (producer) {
       producer_ok = true;
-      log::warn("kafka producer replaced", {{"sink", name}, {"reason", why}});
+      log::warn("kafka producer replaced", {{"sink", name()}, {"reason", why}});
     } else {
       log::error("kafka producer could not be re-created; events retry until it can",
-                 {{"sink", name}, {"error", producer_error}});
+                 {{"sink", name()}, {"error", producer_error}});
     }
   }
 
@@ -262,7 +261,7 @@ struct KafkaSink::Impl {
       producer = create_producer(producer_error);
       if (producer) {
         producer_ok = true;
-        log::info("kafka producer re-created", {{"sink", name}});
+        log::info("kafka producer re-created", {{"sink", name()}});
       }
     }
     return producer != nullptr;
@@ -346,7 +345,7 @@ struct KafkaSink::Impl {
     }
   }
 
-  std::vector<Outcome> publish(std::span<const Event* const> events) {
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
     std::unique_lock lock(mutex);
     const std::size_t n = events.size();
     if (!ensure_producer()) return std::vector<Outcome>(n, Outcome::retry("no Kafka producer: " + producer_error));
@@ -436,9 +435,9 @@ struct KafkaSink::Impl {
         reachable = false;
       }
     }
-    log_batch("kafka", name, outcomes);
+    log_batch("kafka", name(), outcomes);
     log::debug("kafka batch published",
-               {{"sink", name},
+               {{"sink", name()},
                 {"events", n},
                 {"produce_ms", std::chrono::duration<double, std::milli>(produced - started).count()},
                 {"acks_ms", std::chrono::duration<double, std::milli>(SteadyClock::now() - produced).count()}});
@@ -446,43 +445,37 @@ struct KafkaSink::Impl {
     return outcomes;
   }
 
-  void flush(milliseconds timeout) {
+  bool usable() const override { return producer_ok.load() && reachable.load(); }
+  std::uint64_t producer_replacements() const override { return replacements.load(); }
+
+  void flush(milliseconds timeout) override {
     std::lock_guard lock(mutex);
     if (!producer) return;
     if (rd_kafka_flush(producer->rk.get(), clamp_ms(timeout)) != RD_KAFKA_RESP_ERR_NO_ERROR) {
       log::warn(
           "kafka flush timed out; messages still queued are dropped (their events were already "
           "reported for retry)",
-          {{"sink", name}, {"queued", rd_kafka_outq_len(producer->rk.get())}});
+          {{"sink", name()}, {"queued", rd_kafka_outq_len(producer->rk.get())}});
     }
   }
 };
 
-KafkaSink::KafkaSink(std::string name, KafkaSinkConfig config)
-    : impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
-  Impl& impl = *impl_;
+}  // namespace
+
+std::unique_ptr<KafkaSink> make_kafka_sink(std::string name, KafkaSinkConfig config) {
+  auto sink = std::make_unique<KafkaSinkImpl>(std::move(name), std::move(config));
+  KafkaSinkImpl& s = *sink;
   std::string error;
-  impl.producer = impl.create_producer(error);
-  if (!impl.producer) throw config::ConfigError(error);
-  impl.producer_ok = true;
-  impl.last_create_attempt = SteadyClock::now();
-  impl.poller.start(kIdlePollInterval, [&impl] { impl.poll_idle(); });  // ~Impl stops it first
-  log::info("kafka producer created", {{"sink", impl.name},
-                                       {"brokers", impl.config.brokers},
-                                       {"topic", impl.config.topic},
+  s.producer = s.create_producer(error);
+  if (!s.producer) throw config::ConfigError(error);
+  s.producer_ok = true;
+  s.last_create_attempt = SteadyClock::now();
+  s.poller.start(kIdlePollInterval, [&s] { s.poll_idle(); });  // ~KafkaSinkImpl stops it first
+  log::info("kafka producer created", {{"sink", s.name()},
+                                       {"brokers", s.config.brokers},
+                                       {"topic", s.config.topic},
                                        {"librdkafka", rd_kafka_version_str()}});
+  return sink;
 }
-
-KafkaSink::~KafkaSink() = default;
-
-const std::string& KafkaSink::name() const { return impl_->name; }
-
-std::vector<Outcome> KafkaSink::publish(std::span<const Event* const> events) { return impl_->publish(events); }
-
-bool KafkaSink::usable() const { return impl_->producer_ok.load() && impl_->reachable.load(); }
-
-void KafkaSink::flush(std::chrono::milliseconds timeout) { impl_->flush(timeout); }
-
-std::uint64_t KafkaSink::producer_replacements() const { return impl_->replacements.load(); }
 
 }  // namespace outbox::sinks

@@ -13,7 +13,6 @@
 //   statistics.interval.ms=1000 (default; feeds usable()), and
 //   topic.metadata.propagation.max.ms <= delivery_timeout / 2 (default; so a missing topic is
 //   reported within the batch instead of running into the deadline).
-#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,34 +22,28 @@
 
 namespace outbox::sinks {
 
-class KafkaSink final : public Sink {
+// A Kafka sink: a Sink that also counts its producer replacements (read by tests).
+class KafkaSink : public NamedSink {
  public:
-  // Creates the producer; it connects in the background. Throws config::ConfigError naming
-  // config.key_path if librdkafka rejects the configuration. Unreachable brokers are not an
-  // error here: usable() stays false until a broker answers.
-  KafkaSink(std::string name, KafkaSinkConfig config);
-  ~KafkaSink() override;
-  KafkaSink(const KafkaSink&) = delete;
-  KafkaSink& operator=(const KafkaSink&) = delete;
-
-  const std::string& name() const override;
-  // Produces the whole batch, then serves delivery reports until every event has an outcome or
-  // delivery_timeout passes (undecided events: kRetry). Blocks at most about delivery_timeout.
-  // A fatal producer error fails the whole batch with kRetry and replaces the producer.
-  std::vector<Outcome> publish(std::span<const Event* const> events) override;
-  // True while the producer is healthy and a broker connection is up (from librdkafka's
-  // statistics, refreshed every second, also between batches). Thread-safe, lock-free.
-  bool usable() const override;
-  // Waits up to timeout for messages still queued in librdkafka (only late copies of events
-  // already reported kRetry can be there: publish() never returns with its own events pending).
-  void flush(std::chrono::milliseconds timeout) override;
-
   // How often the producer was replaced (fatal error, or a batch that missed its deadline).
-  std::uint64_t producer_replacements() const;
+  virtual std::uint64_t producer_replacements() const = 0;
 
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+ protected:
+  using NamedSink::NamedSink;
 };
+
+// Creates the producer; it connects in the background. Throws config::ConfigError naming
+// config.key_path if librdkafka rejects the configuration. Unreachable brokers are not an
+// error here: usable() stays false until a broker answers.
+// publish(): produces the whole batch, then serves delivery reports until every event has an
+// outcome or delivery_timeout passes (undecided events: kRetry). Blocks at most about
+// delivery_timeout. A fatal producer error fails the whole batch with kRetry and replaces the
+// producer.
+// usable(): true while the producer is healthy and a broker connection is up (from librdkafka's
+// statistics, refreshed every second, also between batches). Thread-safe, lock-free.
+// flush(): waits up to timeout for messages still queued in librdkafka (only late copies of
+// events already reported kRetry can be there: publish() never returns with its own events
+// pending).
+std::unique_ptr<KafkaSink> make_kafka_sink(std::string name, KafkaSinkConfig config);
 
 }  // namespace outbox::sinks

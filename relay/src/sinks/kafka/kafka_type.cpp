@@ -5,6 +5,6 @@
 
 namespace outbox::sinks {
 
-SinkType kafka_sink_type() { return sink_type<KafkaSink>("kafka", parse_kafka_sink, describe_kafka_sink); }
+SinkType kafka_sink_type() { return sink_type<make_kafka_sink>("kafka", parse_kafka_sink, describe_kafka_sink); }
 
 }  // namespace outbox::sinks

@@ -41,11 +41,10 @@ using MessagePtr = CHandle<natsMsg, &natsMsg_Destroy>;
 // nats.c's description of the last error on this thread, with registered secrets masked.
 std::string last_error() { return log::redact(nats_GetLastError(nullptr)); }
 
-}  // namespace
-
-struct NatsSink::Impl {
-  Impl(std::string sink_name, NatsSinkConfig sink_config)
-      : name(std::move(sink_name)), config(std::move(sink_config)) {}
+// The sink nats_sink.hpp describes (file-local; make_nats_sink() connects it).
+struct NatsSink final : public NamedSink {
+  NatsSink(std::string sink_name, NatsSinkConfig sink_config)
+      : NamedSink(std::move(sink_name)), config(std::move(sink_config)) {}
 
   // A PubAck (or its failure) as the handler saw it, for publish() to decide on.
   struct Ack {
@@ -56,7 +55,6 @@ struct NatsSink::Impl {
     bool duplicate = false;
   };
 
-  const std::string name;
   const NatsSinkConfig config;
   std::atomic<bool> connected{false};
   std::atomic<bool> closing{false};  // the sink is being destroyed: a disconnect is expected
@@ -74,7 +72,7 @@ struct NatsSink::Impl {
   ConnectionPtr connection;
   JetStreamPtr js;
 
-  ~Impl() {
+  ~NatsSink() override {
     if (connection) {
       // Close first and wait for the closed callback: nats.c's threads are detached, so this is
       // how we know none of them calls into this object any more.
@@ -82,7 +80,7 @@ struct NatsSink::Impl {
       natsConnection_Close(connection.get());
       std::unique_lock lock(mutex);
       if (!changed.wait_for(lock, kCloseWait, [&] { return closed; })) {
-        log::warn("nats: the connection did not report closed in time", {{"sink", name}});
+        log::warn("nats: the connection did not report closed in time", {{"sink", name()}});
       }
     }
     js.reset();
@@ -90,38 +88,38 @@ struct NatsSink::Impl {
     options.reset();
   }
 
-  // --- nats.c callbacks (closure = Impl*) ---
+  // --- nats.c callbacks (closure = NatsSink*) ---
 
   static void on_ack(jsCtx* /*js*/, natsMsg* msg, jsPubAck* pa, jsPubAckErr* pae, void* closure) {
-    static_cast<Impl*>(closure)->pub_ack(msg, pa, pae);
+    static_cast<NatsSink*>(closure)->pub_ack(msg, pa, pae);
     natsMsg_Destroy(msg);  // the handler owns the message (nats.c's contract for AckHandler)
   }
   static void on_connected(natsConnection* /*nc*/, void* closure) {
-    auto* self = static_cast<Impl*>(closure);
+    auto* self = static_cast<NatsSink*>(closure);
     self->connected = true;
-    log::info("nats: connected", {{"sink", self->name}, {"url", self->config.url_for_logs}});
+    log::info("nats: connected", {{"sink", self->name()}, {"url", self->config.url_for_logs}});
   }
   static void on_reconnected(natsConnection* /*nc*/, void* closure) {
-    auto* self = static_cast<Impl*>(closure);
+    auto* self = static_cast<NatsSink*>(closure);
     self->connected = true;
-    log::info("nats: reconnected", {{"sink", self->name}, {"url", self->config.url_for_logs}});
+    log::info("nats: reconnected", {{"sink", self->name()}, {"url", self->config.url_for_logs}});
   }
   static void on_disconnected(natsConnection* /*nc*/, void* closure) {
-    auto* self = static_cast<Impl*>(closure);
+    auto* self = static_cast<NatsSink*>(closure);
     self->connected = false;
     if (self->closing) return;
-    log::warn("nats: disconnected; reconnecting", {{"sink", self->name}, {"url", self->config.url_for_logs}});
+    log::warn("nats: disconnected; reconnecting", {{"sink", self->name()}, {"url", self->config.url_for_logs}});
   }
   static void on_closed(natsConnection* /*nc*/, void* closure) {
-    auto* self = static_cast<Impl*>(closure);
+    auto* self = static_cast<NatsSink*>(closure);
     self->connected = false;
     std::lock_guard lock(self->mutex);
     self->closed = true;
     self->changed.notify_all();
   }
   static void on_error(natsConnection* /*nc*/, natsSubscription* /*sub*/, natsStatus err, void* closure) {
-    auto* self = static_cast<Impl*>(closure);
-    log::warn("nats: asynchronous error", {{"sink", self->name}, {"error", natsStatus_GetText(err)}});
+    auto* self = static_cast<NatsSink*>(closure);
+    log::warn("nats: asynchronous error", {{"sink", self->name()}, {"error", natsStatus_GetText(err)}});
   }
 
   void pub_ack(const natsMsg* msg, const jsPubAck* pa, const jsPubAckErr* pae) {
@@ -146,7 +144,7 @@ struct NatsSink::Impl {
   // --- connection ---
 
   void connect() {
-    const std::string here = config.key_path.empty() ? name : config.key_path;
+    const std::string here = config.key_path.empty() ? name() : config.key_path;
     auto check = [&](natsStatus s, const std::string& key, const char* what) {
       if (s != NATS_OK) throw config::ConfigError(key + ": " + what + ": " + last_error());
     };
@@ -167,12 +165,12 @@ struct NatsSink::Impl {
     check(natsOptions_SetReconnectWait(o, kReconnectWait.count()), here, "natsOptions_SetReconnectWait");
     check(natsOptions_SetPingInterval(o, kPingInterval.count()), here, "natsOptions_SetPingInterval");
     check(natsOptions_SetMaxPingsOut(o, kMaxPingsOut), here, "natsOptions_SetMaxPingsOut");
-    check(natsOptions_SetRetryOnFailedConnect(o, true, &Impl::on_connected, this), here,
+    check(natsOptions_SetRetryOnFailedConnect(o, true, &NatsSink::on_connected, this), here,
           "natsOptions_SetRetryOnFailedConnect");
-    check(natsOptions_SetDisconnectedCB(o, &Impl::on_disconnected, this), here, "natsOptions_SetDisconnectedCB");
-    check(natsOptions_SetReconnectedCB(o, &Impl::on_reconnected, this), here, "natsOptions_SetReconnectedCB");
-    check(natsOptions_SetClosedCB(o, &Impl::on_closed, this), here, "natsOptions_SetClosedCB");
-    check(natsOptions_SetErrorHandler(o, &Impl::on_error, this), here, "natsOptions_SetErrorHandler");
+    check(natsOptions_SetDisconnectedCB(o, &NatsSink::on_disconnected, this), here, "natsOptions_SetDisconnectedCB");
+    check(natsOptions_SetReconnectedCB(o, &NatsSink::on_reconnected, this), here, "natsOptions_SetReconnectedCB");
+    check(natsOptions_SetClosedCB(o, &NatsSink::on_closed, this), here, "natsOptions_SetClosedCB");
+    check(natsOptions_SetErrorHandler(o, &NatsSink::on_error, this), here, "natsOptions_SetErrorHandler");
 
     natsConnection* nc = nullptr;
     const natsStatus s = natsConnection_Connect(&nc, o);
@@ -180,7 +178,7 @@ struct NatsSink::Impl {
       connected = true;
     } else if (s == NATS_NOT_YET_CONNECTED) {
       log::warn("nats: no server reachable yet; connecting in the background",
-                {{"sink", name}, {"url", config.url_for_logs}});
+                {{"sink", name()}, {"url", config.url_for_logs}});
     } else {
       if (nc) natsConnection_Destroy(nc);
       throw config::ConfigError(here + ".url: cannot connect to " + config.url_for_logs + ": " + last_error());
@@ -192,7 +190,7 @@ struct NatsSink::Impl {
     js_options.Wait = config.timeout.count();
     js_options.PublishAsync.MaxPending = config.max_in_flight;  // publish() keeps below it anyway
     js_options.PublishAsync.StallWait = config.timeout.count();
-    js_options.PublishAsync.AckHandler = &Impl::on_ack;
+    js_options.PublishAsync.AckHandler = &NatsSink::on_ack;
     js_options.PublishAsync.AckHandlerClosure = this;
     jsCtx* raw_js = nullptr;
     check(natsConnection_JetStream(&raw_js, nc, &js_options), here, "cannot create the JetStream context");
@@ -300,7 +298,7 @@ struct NatsSink::Impl {
     std::unique_lock lock(mutex);
     if (!changed.wait_for(lock, kSettleWait, [&] { return in_flight.empty(); })) {
       log::error("nats: PubAck handlers did not settle; their events retry",
-                 {{"sink", name}, {"events", in_flight.size()}});
+                 {{"sink", name()}, {"events", in_flight.size()}});
       in_flight.clear();
     }
     std::vector<Ack> late;
@@ -308,7 +306,7 @@ struct NatsSink::Impl {
     return late;
   }
 
-  std::vector<Outcome> publish(std::span<const Event* const> events) {
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
     const std::size_t n = events.size();
     if (!connected) {
       return std::vector<Outcome>(n, Outcome::retry("not connected to NATS at " + config.url_for_logs));
@@ -415,47 +413,42 @@ struct NatsSink::Impl {
     }
     if (dropped.count > 0) {
       log::warn("nats: row headers named Nats-* were not sent (they steer JetStream)",
-                {{"sink", name}, {"headers", dropped.count}, {"example", dropped.example}});
+                {{"sink", name()}, {"headers", dropped.count}, {"example", dropped.example}});
     }
     if (duplicates > 0) {
       log::info("nats: JetStream reported re-sent events as duplicates (already stored; counted delivered)",
-                {{"sink", name}, {"duplicates", duplicates}});
+                {{"sink", name()}, {"duplicates", duplicates}});
     }
-    log_batch("nats", name, outcomes);
+    log_batch("nats", name(), outcomes);
     log::debug("nats batch published",
-               {{"sink", name},
+               {{"sink", name()},
                 {"events", n},
                 {"duplicates", duplicates},
                 {"acks_ms", std::chrono::duration<double, std::milli>(answered - started).count()}});
     return outcomes;
   }
 
-  void flush(milliseconds timeout) {
+  bool usable() const override { return connected.load(); }
+
+  void flush(milliseconds timeout) override {
     if (!connection || !connected) return;
     if (natsConnection_FlushTimeout(connection.get(), std::max<long long>(1, timeout.count())) != NATS_OK) {
-      log::warn("nats: flush did not complete", {{"sink", name}, {"error", last_error()}});
+      log::warn("nats: flush did not complete", {{"sink", name()}, {"error", last_error()}});
     }
   }
 };
 
-NatsSink::NatsSink(std::string name, NatsSinkConfig config)
-    : impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
-  impl_->connect();
-  log::info("nats connection created", {{"sink", impl_->name},
-                                        {"url", impl_->config.url_for_logs},
-                                        {"subject", impl_->config.subject},
-                                        {"connected", impl_->connected.load()},
+}  // namespace
+
+std::unique_ptr<Sink> make_nats_sink(std::string name, NatsSinkConfig config) {
+  auto sink = std::make_unique<NatsSink>(std::move(name), std::move(config));
+  sink->connect();  // on a whole sink: if it throws, ~NatsSink closes what it opened
+  log::info("nats connection created", {{"sink", sink->name()},
+                                        {"url", sink->config.url_for_logs},
+                                        {"subject", sink->config.subject},
+                                        {"connected", sink->connected.load()},
                                         {"nats.c", nats_GetVersion()}});
+  return sink;
 }
-
-NatsSink::~NatsSink() = default;
-
-const std::string& NatsSink::name() const { return impl_->name; }
-
-std::vector<Outcome> NatsSink::publish(std::span<const Event* const> events) { return impl_->publish(events); }
-
-bool NatsSink::usable() const { return impl_->connected.load(); }
-
-void NatsSink::flush(std::chrono::milliseconds timeout) { impl_->flush(timeout); }
 
 }  // namespace outbox::sinks

@@ -12,7 +12,6 @@
 // PubAck of the one before; different keys are in flight together, up to max_in_flight. After a
 // retriable failure of a key (or no PubAck within timeout), the key's later events in the batch
 // are not published (kDeferred). A permanent failure dead-letters the event and releases its key.
-#include <chrono>
 #include <memory>
 #include <string>
 
@@ -21,28 +20,13 @@
 
 namespace outbox::sinks {
 
-class NatsSink final : public Sink {
- public:
-  // Creates the connection; it connects (and reconnects, forever) in the background. A server
-  // that cannot be reached is not an error here: usable() stays false until it answers. Throws
-  // config::ConfigError naming config.key_path if nats.c rejects the settings.
-  NatsSink(std::string name, NatsSinkConfig config);
-  ~NatsSink() override;
-  NatsSink(const NatsSink&) = delete;
-  NatsSink& operator=(const NatsSink&) = delete;
-
-  const std::string& name() const override;
-  // Publishes the batch and waits for its PubAcks, at most about config.timeout; events without
-  // one then retry. Returns with nothing of the batch still in flight.
-  std::vector<Outcome> publish(std::span<const Event* const> events) override;
-  // True while the connection to a server is up. Thread-safe, lock-free.
-  bool usable() const override;
-  // Flushes the connection's write buffer (publish() leaves nothing waiting for a PubAck).
-  void flush(std::chrono::milliseconds timeout) override;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
+// Creates the connection; it connects (and reconnects, forever) in the background. A server
+// that cannot be reached is not an error here: usable() stays false until it answers. Throws
+// config::ConfigError naming config.key_path if nats.c rejects the settings.
+// publish(): publishes the batch and waits for its PubAcks, at most about config.timeout; events
+// without one then retry. Returns with nothing of the batch still in flight.
+// usable(): true while the connection to a server is up. Thread-safe, lock-free.
+// flush(): flushes the connection's write buffer (publish() leaves nothing waiting for a PubAck).
+std::unique_ptr<Sink> make_nats_sink(std::string name, NatsSinkConfig config);
 
 }  // namespace outbox::sinks

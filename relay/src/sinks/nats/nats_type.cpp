@@ -5,6 +5,6 @@
 
 namespace outbox::sinks {
 
-SinkType nats_sink_type() { return sink_type<NatsSink>("nats", parse_nats_sink, describe_nats_sink); }
+SinkType nats_sink_type() { return sink_type<make_nats_sink>("nats", parse_nats_sink, describe_nats_sink); }
 
 }  // namespace outbox::sinks

@@ -53,13 +53,12 @@ struct Stop {
   std::string reason;  // for last_error
 };
 
-}  // namespace
+// The sink rabbitmq_sink.hpp describes (file-local; make_rabbitmq_sink() connects it and starts
+// its keeper).
+struct RabbitmqSink final : public NamedSink {
+  RabbitmqSink(std::string sink_name, RabbitmqSinkConfig sink_config)
+      : NamedSink(std::move(sink_name)), config(std::move(sink_config)) {}
 
-struct RabbitmqSink::Impl {
-  Impl(std::string sink_name, RabbitmqSinkConfig sink_config)
-      : name(std::move(sink_name)), config(std::move(sink_config)) {}
-
-  const std::string name;
   const RabbitmqSinkConfig config;
 
   // Held by publish() and by the keeper between batches; the connection is used only under it.
@@ -79,7 +78,6 @@ struct RabbitmqSink::Impl {
   std::unordered_map<std::string, SteadyClock::time_point> routed_at;  // by route_of()
 
   std::atomic<bool> up{false};
-  std::atomic<std::uint64_t> opened{0};
 
   rabbitmq::Watchdog watchdog;  // bounds every blocking call on the connection's socket
 
@@ -87,7 +85,7 @@ struct RabbitmqSink::Impl {
   // usable() tells the truth while no events flow (keep). Declared last: it uses everything above.
   PeriodicThread keeper;
 
-  ~Impl() {
+  ~RabbitmqSink() override {
     keeper.stop();
     std::lock_guard lock(mutex);
     close_gracefully();
@@ -98,25 +96,24 @@ struct RabbitmqSink::Impl {
   bool connect(SteadyClock::time_point deadline) {
     last_connect_attempt = SteadyClock::now();
     std::string error;
-    auto c = rabbitmq::Connection::open(config, name, watchdog, deadline, error);
+    auto c = rabbitmq::Connection::open(config, name(), watchdog, deadline, error);
     if (!c) {
       up = false;
       lost = true;
       if (error != last_connect_error) {
         log::warn("rabbitmq: cannot connect; events retry until it can",
-                  {{"sink", name}, {"url", config.url_for_logs}, {"error", error}});
+                  {{"sink", name()}, {"url", config.url_for_logs}, {"error", error}});
       }
       last_connect_error = error;
       return false;
     }
     connection = std::move(c);
     next_tag = 1;
-    ++opened;
     up = true;
     if (lost) reachable_since = SteadyClock::now();
     lost = false;
     last_connect_error.clear();
-    log::info("rabbitmq connected", {{"sink", name}, {"url", config.url_for_logs}, {"channel", kChannel}});
+    log::info("rabbitmq connected", {{"sink", name()}, {"url", config.url_for_logs}, {"channel", kChannel}});
     return true;
   }
 
@@ -126,7 +123,7 @@ struct RabbitmqSink::Impl {
     connection.reset();  // closes the socket; unconfirmed publishes are the caller's to retry
     up = false;
     if (lost_connection) lost = true;
-    log::warn("rabbitmq connection dropped", {{"sink", name}, {"reason", why}});
+    log::warn("rabbitmq connection dropped", {{"sink", name()}, {"reason", why}});
   }
 
   void close_gracefully() {
@@ -398,7 +395,7 @@ struct RabbitmqSink::Impl {
     return stop;
   }
 
-  std::vector<Outcome> publish(std::span<const Event* const> events) {
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
     const auto started = SteadyClock::now();
     const auto deadline = started + config.timeout;
     Batch b;
@@ -475,31 +472,26 @@ struct RabbitmqSink::Impl {
       outcomes.push_back(b.results[i] ? std::move(*b.results[i]) : Outcome::retry(failure));
     }
     const double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - started).count();
-    if (!log_batch("rabbitmq", name, outcomes, {{"rounds", rounds}, {"ms", ms}})) {
-      log::debug("rabbitmq batch confirmed", {{"sink", name}, {"events", outcomes.size()}, {"ms", ms}});
+    if (!log_batch("rabbitmq", name(), outcomes, {{"rounds", rounds}, {"ms", ms}})) {
+      log::debug("rabbitmq batch confirmed", {{"sink", name()}, {"events", outcomes.size()}, {"ms", ms}});
     }
     return outcomes;
   }
+
+  bool usable() const override { return up.load(); }
 };
 
-RabbitmqSink::RabbitmqSink(std::string name, RabbitmqSinkConfig config)
-    : impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
-  Impl& impl = *impl_;
+}  // namespace
+
+std::unique_ptr<Sink> make_rabbitmq_sink(std::string name, RabbitmqSinkConfig config) {
+  auto sink = std::make_unique<RabbitmqSink>(std::move(name), std::move(config));
+  RabbitmqSink& s = *sink;
   {
-    std::lock_guard lock(impl.mutex);
-    impl.connect(SteadyClock::now() + impl.config.timeout);
+    std::lock_guard lock(s.mutex);
+    s.connect(SteadyClock::now() + s.config.timeout);
   }
-  impl.keeper.start(kKeeperInterval, [&impl] { impl.keep(); });  // ~Impl stops it first
+  s.keeper.start(kKeeperInterval, [&s] { s.keep(); });  // ~RabbitmqSink stops it first
+  return sink;
 }
-
-RabbitmqSink::~RabbitmqSink() = default;
-
-const std::string& RabbitmqSink::name() const { return impl_->name; }
-
-std::vector<Outcome> RabbitmqSink::publish(std::span<const Event* const> events) { return impl_->publish(events); }
-
-bool RabbitmqSink::usable() const { return impl_->up.load(); }
-
-std::uint64_t RabbitmqSink::connections_opened() const { return impl_->opened.load(); }
 
 }  // namespace outbox::sinks

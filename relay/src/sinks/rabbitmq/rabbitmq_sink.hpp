@@ -11,8 +11,6 @@
 // queue they reach. A batch is published pipelined (up to max_in_flight without a confirm),
 // then the sink reads confirms, returns and errors until every event has an outcome or timeout
 // passes. See docs/sinks.md "rabbitmq sink" for what is permanent and how per-key order holds.
-#include <chrono>
-#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -21,29 +19,12 @@
 
 namespace outbox::sinks {
 
-class RabbitmqSink final : public Sink {
- public:
-  // Tries to connect once (bounded by timeout); an unreachable broker is not an error here:
-  // usable() stays false and the sink reconnects in the background and at the next batch.
-  RabbitmqSink(std::string name, RabbitmqSinkConfig config);
-  ~RabbitmqSink() override;
-  RabbitmqSink(const RabbitmqSink&) = delete;
-  RabbitmqSink& operator=(const RabbitmqSink&) = delete;
-
-  const std::string& name() const override;
-  // Publishes the batch and waits for its confirms. Blocks at most about timeout (a watchdog
-  // shuts the socket down if a send or read outlives it), plus at most about timeout more if
-  // the background reconnect is under way. Never throws for broker failures.
-  std::vector<Outcome> publish(std::span<const Event* const> events) override;
-  // True while a connection with a confirm-mode channel is up. Thread-safe, lock-free.
-  bool usable() const override;
-
-  // How often a connection was opened (the first included). For tests.
-  std::uint64_t connections_opened() const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
+// Tries to connect once (bounded by timeout); an unreachable broker is not an error here:
+// usable() stays false and the sink reconnects in the background and at the next batch.
+// publish(): publishes the batch and waits for its confirms. Blocks at most about timeout (a
+// watchdog shuts the socket down if a send or read outlives it), plus at most about timeout more
+// if the background reconnect is under way. Never throws for broker failures.
+// usable(): true while a connection with a confirm-mode channel is up. Thread-safe, lock-free.
+std::unique_ptr<Sink> make_rabbitmq_sink(std::string name, RabbitmqSinkConfig config);
 
 }  // namespace outbox::sinks

@@ -6,7 +6,7 @@
 namespace outbox::sinks {
 
 SinkType rabbitmq_sink_type() {
-  return sink_type<RabbitmqSink>("rabbitmq", parse_rabbitmq_sink, describe_rabbitmq_sink);
+  return sink_type<make_rabbitmq_sink>("rabbitmq", parse_rabbitmq_sink, describe_rabbitmq_sink);
 }
 
 }  // namespace outbox::sinks

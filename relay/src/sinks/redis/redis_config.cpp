@@ -159,11 +159,7 @@ RedisSinkConfig parse_redis_sink(config::Section& s) {
 
   if (s.has("maxlen")) c.maxlen = s.integer_or("maxlen", 0, 1, std::int64_t{1} << 53);
 
-  c.timeout = s.duration_or("timeout", c.timeout);
-  if (c.timeout < std::chrono::milliseconds{100} || c.timeout > std::chrono::minutes{10}) {
-    throw ConfigError(s.key_path("timeout") + ": expected a duration from 100ms to 10m, got " +
-                      config::format_duration(c.timeout));
-  }
+  c.timeout = s.duration_or("timeout", c.timeout, std::chrono::milliseconds{100}, std::chrono::minutes{10});
   c.tls_files = parse_tls_files(s, c.tls, "rediss://");
   return c;
 }

@@ -39,15 +39,13 @@ std::string headers_json(const Event& event) {
   return headers.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-}  // namespace
-
-struct RedisSink::Impl {
-  Impl(std::string sink_name, RedisSinkConfig sink_config)
-      : name(std::move(sink_name)),
+// The sink redis_sink.hpp describes (file-local; make_redis_sink() starts its helper thread).
+struct RedisSink final : public NamedSink {
+  RedisSink(std::string sink_name, RedisSinkConfig sink_config)
+      : NamedSink(std::move(sink_name)),
         config(std::move(sink_config)),
         maxlen(config.maxlen ? std::to_string(*config.maxlen) : "") {}
 
-  const std::string name;
   const RedisSinkConfig config;
   const std::string maxlen;
 
@@ -63,7 +61,7 @@ struct RedisSink::Impl {
 
   void set_up(bool now_up, const std::string& why) {
     const bool was = up.exchange(now_up);
-    if (was && !now_up) log::warn("redis connection lost", {{"sink", name}, {"error", why}});
+    if (was && !now_up) log::warn("redis connection lost", {{"sink", name()}, {"error", why}});
   }
 
   // Under mutex. False with error set when no connection can be made before deadline.
@@ -75,7 +73,7 @@ struct RedisSink::Impl {
       return false;
     }
     last_used = Clock::now();
-    if (!up.exchange(true)) log::info("redis connected", {{"sink", name}, {"url", config.url_for_logs}});
+    if (!up.exchange(true)) log::info("redis connected", {{"sink", name()}, {"url", config.url_for_logs}});
     return true;
   }
 
@@ -90,7 +88,7 @@ struct RedisSink::Impl {
     std::unique_lock lock(mutex);
     if (Clock::now() - last_used < kPingInterval && connection) return;
     std::string error;
-    // Short, so that ~Impl (which stops this thread) waits at most about kMaxPingWait.
+    // Short, so that ~RedisSink (which stops this thread) waits at most about kMaxPingWait.
     const auto deadline = Clock::now() + std::min(config.timeout, kMaxPingWait);
     if (!connection) {
       // Connecting can take up to timeout: do it without the lock, so a batch is not held up.
@@ -100,7 +98,7 @@ struct RedisSink::Impl {
       if (fresh && !connection) {
         connection = std::move(fresh);
         last_used = Clock::now();
-        if (!up.exchange(true)) log::info("redis connected", {{"sink", name}, {"url", config.url_for_logs}});
+        if (!up.exchange(true)) log::info("redis connected", {{"sink", name()}, {"url", config.url_for_logs}});
       } else if (!fresh) {
         set_up(false, error);
       }
@@ -198,7 +196,7 @@ struct RedisSink::Impl {
     return fail_all("transaction not run: " + why + (first_queue_error.empty() ? "" : " (" + first_queue_error + ")"));
   }
 
-  std::vector<Outcome> publish(std::span<const Event* const> events) {
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
     std::lock_guard lock(mutex);
     const auto deadline = Clock::now() + config.timeout;
     std::vector<std::optional<Outcome>> results(events.size());
@@ -219,26 +217,22 @@ struct RedisSink::Impl {
     // (core/key_holds.hpp) changes nothing here unless an XADD failed at run time with a
     // retriable error while a later one of its key succeeded (not seen with Redis 7: run-time
     // XADD errors are WRONGTYPE and NOPERM, both permanent).
-    log_batch("redis", name, outcomes);
+    log_batch("redis", name(), outcomes);
     return outcomes;
   }
+
+  bool usable() const override { return up.load(); }
 };
 
-RedisSink::RedisSink(std::string name, RedisSinkConfig config)
-    : impl_(std::make_unique<Impl>(std::move(name), std::move(config))) {
-  Impl& impl = *impl_;
-  // The helper reads impl until it is stopped, as Impl's last member, before the rest of impl.
-  impl.helper.start(kPingInterval, [&impl] { impl.beat(); });
-  log::info("redis sink created",
-            {{"sink", impl.name}, {"url", impl.config.url_for_logs}, {"stream", impl.config.stream}});
+}  // namespace
+
+std::unique_ptr<Sink> make_redis_sink(std::string name, RedisSinkConfig config) {
+  auto sink = std::make_unique<RedisSink>(std::move(name), std::move(config));
+  RedisSink& s = *sink;
+  // The helper reads the sink until it is stopped, as the sink's last member, before the rest.
+  s.helper.start(kPingInterval, [&s] { s.beat(); });
+  log::info("redis sink created", {{"sink", s.name()}, {"url", s.config.url_for_logs}, {"stream", s.config.stream}});
+  return sink;
 }
-
-RedisSink::~RedisSink() = default;
-
-const std::string& RedisSink::name() const { return impl_->name; }
-
-std::vector<Outcome> RedisSink::publish(std::span<const Event* const> events) { return impl_->publish(events); }
-
-bool RedisSink::usable() const { return impl_->up.load(); }
 
 }  // namespace outbox::sinks

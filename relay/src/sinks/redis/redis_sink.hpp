@@ -13,7 +13,6 @@
 // either all of them written or none (every event retries; duplicates at worst). So no later
 // event of a key reaches a stream while an earlier one of that key is retried. See docs/sinks.md
 // "redis sink".
-#include <chrono>
 #include <memory>
 #include <string>
 
@@ -22,25 +21,12 @@
 
 namespace outbox::sinks {
 
-class RedisSink final : public Sink {
- public:
-  // Starts a helper thread that connects in the background and PINGs an idle connection every
-  // second (feeds usable()). Never throws for an unreachable server.
-  RedisSink(std::string name, RedisSinkConfig config);
-  ~RedisSink() override;  // stops and joins the helper thread
-  RedisSink(const RedisSink&) = delete;
-  RedisSink& operator=(const RedisSink&) = delete;
-
-  const std::string& name() const override;
-  // Connects if needed, then runs the batch's transaction. Blocks at most about config.timeout
-  // (connecting included). Downstream failures are outcomes, never exceptions.
-  std::vector<Outcome> publish(std::span<const Event* const> events) override;
-  // True while the last connection attempt, PING or batch reached the server. Thread-safe.
-  bool usable() const override;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
+// Starts a helper thread that connects in the background and PINGs an idle connection every
+// second (feeds usable()); destroying the sink stops and joins it. Never throws for an unreachable
+// server.
+// publish(): connects if needed, then runs the batch's transaction. Blocks at most about
+// config.timeout (connecting included). Downstream failures are outcomes, never exceptions.
+// usable(): true while the last connection attempt, PING or batch reached the server. Thread-safe.
+std::unique_ptr<Sink> make_redis_sink(std::string name, RedisSinkConfig config);
 
 }  // namespace outbox::sinks

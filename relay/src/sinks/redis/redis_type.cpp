@@ -5,6 +5,6 @@
 
 namespace outbox::sinks {
 
-SinkType redis_sink_type() { return sink_type<RedisSink>("redis", parse_redis_sink, describe_redis_sink); }
+SinkType redis_sink_type() { return sink_type<make_redis_sink>("redis", parse_redis_sink, describe_redis_sink); }
 
 }  // namespace outbox::sinks

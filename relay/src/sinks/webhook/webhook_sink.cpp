@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <mutex>
@@ -122,7 +123,11 @@ struct Transfer {
 
 using webhook::Transfer;
 
-struct WebhookSink::Impl {
+namespace {
+
+// The curl side of the sink: the multi handle and the request slots, which live as long as the
+// sink, and what every request carries.
+struct Client {
   std::string name;
   WebhookSinkConfig config;
   std::vector<std::string> static_header_lines;
@@ -131,7 +136,7 @@ struct WebhookSink::Impl {
   std::vector<std::unique_ptr<Transfer>> transfers;  // max_in_flight slots
   std::set<std::string> warned_headers;              // the publishing thread only
 
-  ~Impl() { detach_all(); }
+  ~Client() { detach_all(); }
 
   void detach_all() {
     for (auto& t : transfers) {
@@ -234,37 +239,48 @@ struct WebhookSink::Impl {
   }
 };
 
-WebhookSink::WebhookSink(std::string name, WebhookSinkConfig config) : name_(std::move(name)), impl_(new Impl) {
-  init_curl_once();
-  Impl& im = *impl_;
-  im.name = name_;
-  im.config = std::move(config);
-  for (const auto& [hname, value] : im.config.headers) {
-    im.static_header_lines.push_back(header_line(hname, value));
-    im.static_header_names.insert(lower(hname));
-  }
-  im.multi.reset(curl_multi_init());
-  if (!im.multi) throw std::runtime_error("curl_multi_init failed");
-  // Keep one idle connection per possible request, so a batch after a batch opens none.
-  const long slots = im.config.max_in_flight;
-  curl_multi_setopt(im.multi.get(), CURLMOPT_MAXCONNECTS, slots);
-  curl_multi_setopt(im.multi.get(), CURLMOPT_MAX_HOST_CONNECTIONS, slots);
-  for (int i = 0; i < im.config.max_in_flight; ++i) im.transfers.push_back(im.make_transfer());
+// The sink make_webhook_sink() builds (webhook_sink.hpp).
+class WebhookSink final : public NamedSink {
+ public:
+  WebhookSink(std::string name, WebhookSinkConfig config);
+  std::vector<Outcome> publish(std::span<const Event* const> events) override;
+  bool usable() const override { return usable_.load(); }
 
-  log::info("webhook sink ready", {{"sink", name_},
-                                   {"url", im.config.url_for_logs},
-                                   {"max_in_flight", im.config.max_in_flight},
-                                   {"timeout", config::format_duration(im.config.timeout)},
-                                   {"signing_keys", im.config.signing_keys.size()}});
-  if (im.config.signing_keys.empty()) {
-    log::warn("webhook sink has no secrets: requests are not signed", {{"sink", name_}});
+ private:
+  Client client_;
+  std::atomic<bool> usable_{true};
+};
+
+}  // namespace
+
+WebhookSink::WebhookSink(std::string name, WebhookSinkConfig config) : NamedSink(std::move(name)) {
+  init_curl_once();
+  client_.name = this->name();
+  client_.config = std::move(config);
+  for (const auto& [hname, value] : client_.config.headers) {
+    client_.static_header_lines.push_back(header_line(hname, value));
+    client_.static_header_names.insert(lower(hname));
   }
-  if (im.config.tls.insecure_skip_verify) {
-    log::warn("webhook sink does not verify TLS certificates (tls.insecure_skip_verify)", {{"sink", name_}});
+  client_.multi.reset(curl_multi_init());
+  if (!client_.multi) throw std::runtime_error("curl_multi_init failed");
+  // Keep one idle connection per possible request, so a batch after a batch opens none.
+  const long slots = client_.config.max_in_flight;
+  curl_multi_setopt(client_.multi.get(), CURLMOPT_MAXCONNECTS, slots);
+  curl_multi_setopt(client_.multi.get(), CURLMOPT_MAX_HOST_CONNECTIONS, slots);
+  for (int i = 0; i < client_.config.max_in_flight; ++i) client_.transfers.push_back(client_.make_transfer());
+
+  log::info("webhook sink ready", {{"sink", client_.name},
+                                   {"url", client_.config.url_for_logs},
+                                   {"max_in_flight", client_.config.max_in_flight},
+                                   {"timeout", config::format_duration(client_.config.timeout)},
+                                   {"signing_keys", client_.config.signing_keys.size()}});
+  if (client_.config.signing_keys.empty()) {
+    log::warn("webhook sink has no secrets: requests are not signed", {{"sink", client_.name}});
+  }
+  if (client_.config.tls.insecure_skip_verify) {
+    log::warn("webhook sink does not verify TLS certificates (tls.insecure_skip_verify)", {{"sink", client_.name}});
   }
 }
-
-WebhookSink::~WebhookSink() = default;
 
 namespace {
 
@@ -292,18 +308,17 @@ void log_webhook_batch(const std::string& name, const std::vector<Outcome>& outc
 }  // namespace
 
 std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) {
-  Impl& im = *impl_;
   struct Detach {  // whatever happens, no handle stays attached to the multi handle after a batch
-    Impl& im;
-    ~Detach() { im.detach_all(); }
-  } detach{im};
+    Client& client;
+    ~Detach() { client.detach_all(); }
+  } detach{client_};
 
   const auto started = Steady::now();
-  const auto deadline = started + im.config.timeout;  // no request starts after this
+  const auto deadline = started + client_.config.timeout;  // no request starts after this
   std::vector<std::optional<Outcome>> results(events.size());
   webhook::KeyedDispatch plan(events);
   std::vector<Transfer*> idle;
-  for (auto it = im.transfers.rbegin(); it != im.transfers.rend(); ++it) idle.push_back(it->get());
+  for (auto it = client_.transfers.rbegin(); it != client_.transfers.rend(); ++it) idle.push_back(it->get());
   std::size_t running = 0;
   long new_connections = 0;
   std::string multi_error;
@@ -318,11 +333,11 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
       const auto index = plan.next();
       if (!index) break;
       Transfer& t = *idle.back();
-      if (auto invalid = im.prepare(t, *events[*index], *index)) {
+      if (auto invalid = client_.prepare(t, *events[*index], *index)) {
         record(*index, Outcome::permanent(std::move(*invalid)));
         continue;
       }
-      if (const CURLMcode rc = curl_multi_add_handle(im.multi.get(), t.easy.get()); rc != CURLM_OK) {
+      if (const CURLMcode rc = curl_multi_add_handle(client_.multi.get(), t.easy.get()); rc != CURLM_OK) {
         t.headers.reset();
         record(*index, Outcome::retry(std::string("curl_multi_add_handle: ") + curl_multi_strerror(rc)));
         continue;
@@ -334,13 +349,13 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
     if (running == 0) break;
 
     int still_running = 0;
-    if (const CURLMcode rc = curl_multi_perform(im.multi.get(), &still_running); rc != CURLM_OK) {
+    if (const CURLMcode rc = curl_multi_perform(client_.multi.get(), &still_running); rc != CURLM_OK) {
       multi_error = std::string("curl_multi_perform: ") + curl_multi_strerror(rc);
       break;
     }
     bool any_done = false;
     int queued = 0;
-    while (CURLMsg* msg = curl_multi_info_read(im.multi.get(), &queued)) {
+    while (CURLMsg* msg = curl_multi_info_read(client_.multi.get(), &queued)) {
       if (msg->msg != CURLMSG_DONE) continue;
       CURL* easy = msg->easy_handle;
       const CURLcode result = msg->data.result;  // msg dies with remove_handle below
@@ -352,7 +367,7 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
       long connects = 0;
       curl_easy_getinfo(easy, CURLINFO_NUM_CONNECTS, &connects);
       new_connections += connects;
-      curl_multi_remove_handle(im.multi.get(), easy);
+      curl_multi_remove_handle(client_.multi.get(), easy);
       t.attached = false;
       t.headers.reset();
 
@@ -371,14 +386,14 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
       any_done = true;
     }
     if (any_done) continue;  // start the next requests before waiting
-    if (const CURLMcode rc = curl_multi_poll(im.multi.get(), nullptr, 0, 1000, nullptr); rc != CURLM_OK) {
+    if (const CURLMcode rc = curl_multi_poll(client_.multi.get(), nullptr, 0, 1000, nullptr); rc != CURLM_OK) {
       multi_error = std::string("curl_multi_poll: ") + curl_multi_strerror(rc);
       break;
     }
   }
 
   if (!multi_error.empty()) {  // curl itself failed (out of memory or a bug): nothing in flight counts
-    for (auto& t : im.transfers) {
+    for (auto& t : client_.transfers) {
       if (t->attached) results[t->index] = Outcome::retry(multi_error);
     }
   }
@@ -394,8 +409,12 @@ std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) 
     if (!r) r = Outcome::retry("internal error: the webhook sink lost track of this event");
     outcomes.push_back(std::move(*r));
   }
-  log_webhook_batch(name_, outcomes, new_connections, started);
+  log_webhook_batch(name(), outcomes, new_connections, started);
   return outcomes;
+}
+
+std::unique_ptr<Sink> make_webhook_sink(std::string name, WebhookSinkConfig config) {
+  return std::make_unique<WebhookSink>(std::move(name), std::move(config));
 }
 
 }  // namespace outbox::sinks

@@ -1,6 +1,5 @@
 #pragma once
 // type: webhook. POSTs each event's payload to one URL with Standard Webhooks headers, on libcurl.
-#include <atomic>
 #include <memory>
 #include <string>
 
@@ -16,25 +15,9 @@ namespace outbox::sinks {
 // after publish() began (the rest get kDeferred and are released), and each request ends within
 // `timeout`, so publish() returns within about twice the timeout.
 // Threading: publish() from one thread at a time; usable() from any thread.
-class WebhookSink final : public Sink {
- public:
-  // Throws config::ConfigError if curl cannot be set up with this config.
-  WebhookSink(std::string name, WebhookSinkConfig config);
-  ~WebhookSink() override;
-  WebhookSink(const WebhookSink&) = delete;
-  WebhookSink& operator=(const WebhookSink&) = delete;
-
-  const std::string& name() const override { return name_; }
-  std::vector<Outcome> publish(std::span<const Event* const> events) override;
-  // False while the most recent request got no HTTP response at all (connection refused, DNS,
-  // TLS, timeout); any HTTP response, even a 500, makes it true again.
-  bool usable() const override { return usable_.load(); }
-
- private:
-  struct Impl;  // keeps curl out of this header
-  std::string name_;
-  std::unique_ptr<Impl> impl_;
-  std::atomic<bool> usable_{true};
-};
+// Throws config::ConfigError if curl cannot be set up with this config.
+// usable(): false while the most recent request got no HTTP response at all (connection refused,
+// DNS, TLS, timeout); any HTTP response, even a 500, makes it true again.
+std::unique_ptr<Sink> make_webhook_sink(std::string name, WebhookSinkConfig config);
 
 }  // namespace outbox::sinks

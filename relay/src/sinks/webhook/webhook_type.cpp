@@ -5,6 +5,8 @@
 
 namespace outbox::sinks {
 
-SinkType webhook_sink_type() { return sink_type<WebhookSink>("webhook", parse_webhook_sink, describe_webhook_sink); }
+SinkType webhook_sink_type() {
+  return sink_type<make_webhook_sink>("webhook", parse_webhook_sink, describe_webhook_sink);
+}
 
 }  // namespace outbox::sinks

@@ -65,7 +65,7 @@ sinks::FileSinkConfig config_for(const fs::path& path) { return {path.string(), 
 // The ConfigError message of constructing a file sink on path; empty if it opened.
 std::string open_error(const fs::path& path) {
   try {
-    sinks::FileSink sink("f", config_for(path));
+    const auto sink = sinks::make_file_sink("f", config_for(path));
     return {};
   } catch (const config::ConfigError& e) {
     return e.what();
@@ -139,7 +139,7 @@ TEST_CASE("a file sink that cannot open its file refuses at start, naming sinks[
 
   // Without a key path (a sink built outside a config file) the error names the sink.
   try {
-    sinks::FileSink sink("audit", sinks::FileSinkConfig{missing.string(), true, "", {}});
+    const auto sink = sinks::make_file_sink("audit", sinks::FileSinkConfig{missing.string(), true, "", {}});
     FAIL("opened a file in a missing directory");
   } catch (const config::ConfigError& e) {
     CHECK(std::string(e.what()).rfind("sink 'audit'.path: cannot open ", 0) == 0);
@@ -149,18 +149,18 @@ TEST_CASE("a file sink that cannot open its file refuses at start, naming sinks[
 TEST_CASE("the file sink creates its file at start and appends every event") {
   const TempDir dir;
   const fs::path path = dir.path / "events.jsonl";
-  sinks::FileSink sink("f", config_for(path));
+  const auto sink = sinks::make_file_sink("f", config_for(path));
   CHECK(fs::exists(path));
   CHECK(fs::file_size(path) == 0);
   const Event e1 = sample(1), e2 = sample(2);
   std::vector<const Event*> batch{&e1, &e2};
-  auto outcomes = sink.publish(batch);
+  auto outcomes = sink->publish(batch);
   REQUIRE(outcomes.size() == 2);
   CHECK(outcomes[0].kind == OutcomeKind::kDelivered);
   CHECK(outcomes[1].kind == OutcomeKind::kDelivered);
-  sink.publish(batch);
+  sink->publish(batch);
   CHECK(read_file(path) == line_of(1) + line_of(2) + line_of(1) + line_of(2));
-  CHECK(sink.usable());
+  CHECK(sink->usable());
 }
 
 TEST_CASE("opening a file cuts an incomplete last line and keeps every whole one") {
@@ -171,29 +171,29 @@ TEST_CASE("opening a file cuts an incomplete last line and keeps every whole one
 
   SUBCASE("a torn line after whole lines") {
     write_file(path, line_of(1) + line_of(2).substr(0, 25));
-    sinks::FileSink sink("f", config_for(path));
+    const auto sink = sinks::make_file_sink("f", config_for(path));
     CHECK(read_file(path) == line_of(1));
-    REQUIRE(sink.publish(batch)[0].kind == OutcomeKind::kDelivered);
+    REQUIRE(sink->publish(batch)[0].kind == OutcomeKind::kDelivered);
     CHECK(read_file(path) == line_of(1) + line_of(3));
   }
   SUBCASE("a torn line longer than one read chunk") {
     const std::string torn = "{\"id\":2,\"payload\":\"" + std::string(40'000, 'x');
     write_file(path, line_of(1) + torn);
-    sinks::FileSink sink("f", config_for(path));
-    REQUIRE(sink.publish(batch)[0].kind == OutcomeKind::kDelivered);
+    const auto sink = sinks::make_file_sink("f", config_for(path));
+    REQUIRE(sink->publish(batch)[0].kind == OutcomeKind::kDelivered);
     CHECK(read_file(path) == line_of(1) + line_of(3));
   }
   SUBCASE("a file that is all one torn line") {
     write_file(path, std::string(20'000, 'y'));
-    sinks::FileSink sink("f", config_for(path));
-    REQUIRE(sink.publish(batch)[0].kind == OutcomeKind::kDelivered);
+    const auto sink = sinks::make_file_sink("f", config_for(path));
+    REQUIRE(sink->publish(batch)[0].kind == OutcomeKind::kDelivered);
     CHECK(read_file(path) == line_of(3));
   }
   SUBCASE("a file that ends with a newline is left as it is") {
     const std::string whole = line_of(1) + std::string(30'000, 'z') + "\n" + line_of(2);
     write_file(path, whole);
-    sinks::FileSink sink("f", config_for(path));
-    REQUIRE(sink.publish(batch)[0].kind == OutcomeKind::kDelivered);
+    const auto sink = sinks::make_file_sink("f", config_for(path));
+    REQUIRE(sink->publish(batch)[0].kind == OutcomeKind::kDelivered);
     CHECK(read_file(path) == whole + line_of(3));
   }
 }
@@ -204,24 +204,24 @@ TEST_CASE("a disk that fails after start makes batches retry; the reopen cuts a 
   const fs::path real = dir.path / "real.jsonl";
   // The path leads to /dev/full: it opens, but every write fails with ENOSPC, as on a full disk.
   fs::create_symlink("/dev/full", path);
-  sinks::FileSink sink("f", config_for(path));
+  const auto sink = sinks::make_file_sink("f", config_for(path));
   const Event e1 = sample(1), e2 = sample(2);
   std::vector<const Event*> batch{&e1, &e2};
 
-  auto outcomes = sink.publish(batch);
+  auto outcomes = sink->publish(batch);
   REQUIRE(outcomes.size() == 2);
   CHECK(outcomes[0].kind == OutcomeKind::kRetry);
   CHECK(outcomes[1].kind == OutcomeKind::kRetry);
   CHECK(outcomes[0].reason == "write: No space left on device");
-  CHECK_FALSE(sink.usable());
+  CHECK_FALSE(sink->usable());
 
   // The disk is back, holding a line torn by the failure: the next batch reopens the path.
   write_file(real, line_of(7) + line_of(8).substr(0, 10));
   fs::remove(path);
   fs::create_symlink(real, path);
-  outcomes = sink.publish(batch);
+  outcomes = sink->publish(batch);
   CHECK(outcomes[0].kind == OutcomeKind::kDelivered);
   CHECK(outcomes[1].kind == OutcomeKind::kDelivered);
-  CHECK(sink.usable());
+  CHECK(sink->usable());
   CHECK(read_file(real) == line_of(7) + line_of(1) + line_of(2));
 }

@@ -23,8 +23,8 @@
 #include <librdkafka/rdkafka_mock.h>
 
 using namespace outbox;
-using sinks::KafkaSink;
 using sinks::KafkaSinkConfig;
+using sinks::make_kafka_sink;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using SteadyClock = std::chrono::steady_clock;
@@ -357,12 +357,12 @@ TEST_SUITE("kafka-mock") {
     QuietLogs quiet;
     MockCluster cluster(3);
     cluster.create_topic("outbox.orders", 4);
-    KafkaSink sink("kafka", sink_config(cluster));
-    CHECK(wait_for([&] { return sink.usable(); }, seconds{10}));
+    const auto sink = make_kafka_sink("kafka", sink_config(cluster));
+    CHECK(wait_for([&] { return sink->usable(); }, seconds{10}));
 
     std::vector<Event> events{event(1, "a", R"({"amount": 12.5})"), event(2, "b"), event(3, "a")};
     events[0].headers = {{"trace", "t-1"}, {"tenant", "acme"}};
-    const auto outcomes = sink.publish(pointers(events));
+    const auto outcomes = sink->publish(pointers(events));
     REQUIRE(outcomes.size() == 3);
     for (const auto& o : outcomes) CHECK(o.kind == OutcomeKind::kDelivered);
 
@@ -379,17 +379,17 @@ TEST_SUITE("kafka-mock") {
     CHECK(first.headers[4] == Header{"tenant", "acme"});
 
     cluster.all_brokers(false);
-    CHECK(wait_for([&] { return !sink.usable(); }, seconds{10}));
+    CHECK(wait_for([&] { return !sink->usable(); }, seconds{10}));
     cluster.all_brokers(true);
-    CHECK(wait_for([&] { return sink.usable(); }, seconds{15}));
+    CHECK(wait_for([&] { return sink->usable(); }, seconds{15}));
   }
 
   TEST_CASE("kafka mock: brokers down for several seconds during a backlog: nothing lost, per-key order kept") {
     QuietLogs quiet;
     MockCluster cluster(3);
     cluster.create_topic("outbox.orders", 4);
-    KafkaSink sink("kafka", sink_config(cluster));
-    Harness h(sink);
+    const auto sink = make_kafka_sink("kafka", sink_config(cluster));
+    Harness h(*sink);
     for (int i = 0; i < 4000; ++i)
       h.store.add("orders", "key-" + std::to_string(i % 40), R"({"i":)" + std::to_string(i) + "}");
 
@@ -415,18 +415,18 @@ TEST_SUITE("kafka-mock") {
       CHECK_FALSE(row.dead);
     }
     CHECK(h.store.retries > 0);  // the outage was seen as retries, not as losses
-    CHECK(sink.producer_replacements() > 0);
+    CHECK(sink->producer_replacements() > 0);
     const auto duplicates = check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 4), h.keys_of_delivered());
     MESSAGE("broker outage: " << h.store.retries << " retry outcomes, " << duplicates << " duplicates in the topic, "
-                              << sink.producer_replacements() << " producer replacements");
+                              << sink->producer_replacements() << " producer replacements");
   }
 
   TEST_CASE("kafka mock: injected retriable produce errors end delivered, in order") {
     QuietLogs quiet;
     MockCluster cluster(3);
     cluster.create_topic("outbox.orders", 4);
-    KafkaSink sink("kafka", sink_config(cluster));
-    Harness h(sink);
+    const auto sink = make_kafka_sink("kafka", sink_config(cluster));
+    Harness h(*sink);
     for (int i = 0; i < 2000; ++i) h.store.add("orders", "key-" + std::to_string(i % 25), "{}");
     // Enough errors that librdkafka's own retries outlast a batch deadline, so some surface to the
     // relay as kRetry too.
@@ -449,8 +449,8 @@ TEST_SUITE("kafka-mock") {
     QuietLogs quiet;
     MockCluster cluster(3);
     cluster.create_topic("outbox.orders", 4);
-    KafkaSink sink("kafka", sink_config(cluster));
-    Harness h(sink);
+    const auto sink = make_kafka_sink("kafka", sink_config(cluster));
+    Harness h(*sink);
     // Deterministic: every 50th event is over message.max.bytes (librdkafka refuses it locally).
     const std::string big = "\"" + std::string(1'100'000, 'x') + "\"";
     std::set<EventId> oversized;
@@ -494,7 +494,7 @@ TEST_SUITE("kafka-mock") {
     const auto duplicates = check_topic(records, delivered);
     for (const auto& r : records) CHECK(!dead.count(r.id()));
     MESSAGE("permanent errors: " << oversized.size() << " oversized, " << refused << " refused by the broker, "
-                                 << duplicates << " duplicates, " << sink.producer_replacements()
+                                 << duplicates << " duplicates, " << sink->producer_replacements()
                                  << " producer replacements");
   }
 
@@ -502,24 +502,24 @@ TEST_SUITE("kafka-mock") {
     QuietLogs quiet;
     MockCluster cluster(3);
     cluster.create_topic("outbox.orders", 4);
-    KafkaSink sink("kafka", sink_config(cluster, milliseconds{5000}));
+    const auto sink = make_kafka_sink("kafka", sink_config(cluster, milliseconds{5000}));
     std::vector<Event> events;
     for (int i = 1; i <= 100; ++i) events.push_back(event(i, "key-" + std::to_string(i % 7)));
     // A head-of-line sequence error is unrecoverable for the idempotent producer: librdkafka raises
     // RD_KAFKA_RESP_ERR__FATAL.
     cluster.push_produce_errors({RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER});
-    const auto failed = sink.publish(pointers(events));
+    const auto failed = sink->publish(pointers(events));
     REQUIRE(failed.size() == 100);
     for (const auto& o : failed) {
       CHECK(o.kind == OutcomeKind::kRetry);
       CHECK(o.reason.find("fatal Kafka producer error") == 0);
     }
     CHECK(failed[0].reason.find("OUT_OF_ORDER_SEQUENCE_NUMBER") != std::string::npos);
-    CHECK(sink.producer_replacements() == 1);
+    CHECK(sink->producer_replacements() == 1);
 
-    const auto retried = sink.publish(pointers(events));
+    const auto retried = sink->publish(pointers(events));
     for (const auto& o : retried) CHECK(o.kind == OutcomeKind::kDelivered);
-    CHECK(sink.producer_replacements() == 1);
+    CHECK(sink->producer_replacements() == 1);
     std::map<EventId, std::string> keys;
     for (const auto& e : events) keys[e.id] = e.key;
     check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 4), keys);
@@ -529,17 +529,17 @@ TEST_SUITE("kafka-mock") {
     QuietLogs quiet;
     MockCluster cluster(1);
     cluster.create_topic("outbox.orders", 2);
-    KafkaSink sink("kafka", sink_config(cluster));
+    const auto sink = make_kafka_sink("kafka", sink_config(cluster));
     const std::string big = "\"" + std::string(1'200'000, 'x') + "\"";
     std::vector<Event> events{event(1, "a"), event(2, "a", big), event(3, "a"), event(4, "b")};
-    const auto outcomes = sink.publish(pointers(events));
+    const auto outcomes = sink->publish(pointers(events));
     REQUIRE(outcomes.size() == 4);
     CHECK(outcomes[0].kind == OutcomeKind::kDelivered);
     CHECK(outcomes[1].kind == OutcomeKind::kPermanent);
     CHECK(outcomes[1].reason.find("MSG_SIZE_TOO_LARGE") == 0);
     CHECK(outcomes[2].kind == OutcomeKind::kDelivered);
     CHECK(outcomes[3].kind == OutcomeKind::kDelivered);
-    CHECK(sink.producer_replacements() == 0);
+    CHECK(sink->producer_replacements() == 0);
   }
 
   TEST_CASE("kafka mock: a full producer queue is served, never dropped") {
@@ -548,10 +548,10 @@ TEST_SUITE("kafka-mock") {
     cluster.create_topic("outbox.orders", 2);
     auto config = sink_config(cluster, milliseconds{10000});
     config.properties["queue.buffering.max.messages"] = "10";
-    KafkaSink sink("kafka", config);
+    const auto sink = make_kafka_sink("kafka", config);
     std::vector<Event> events;
     for (int i = 1; i <= 500; ++i) events.push_back(event(i, "key-" + std::to_string(i % 5)));
-    const auto outcomes = sink.publish(pointers(events));
+    const auto outcomes = sink->publish(pointers(events));
     for (const auto& o : outcomes) CHECK(o.kind == OutcomeKind::kDelivered);
     std::map<EventId, std::string> keys;
     for (const auto& e : events) keys[e.id] = e.key;
@@ -564,13 +564,13 @@ TEST_SUITE("kafka-mock") {
     cluster.create_topic("outbox.orders", 2);
     auto config = sink_config(cluster, milliseconds{500});
     config.properties["queue.buffering.max.messages"] = "10";
-    KafkaSink sink("kafka", config);
-    REQUIRE(wait_for([&] { return sink.usable(); }, seconds{10}));
+    const auto sink = make_kafka_sink("kafka", config);
+    REQUIRE(wait_for([&] { return sink->usable(); }, seconds{10}));
     cluster.all_brokers(false);
 
     std::vector<Event> events;
     for (int i = 0; i < 30; ++i) events.push_back(event(i + 1, "key-" + std::to_string(i % 4)));
-    const auto outcomes = sink.publish(pointers(events));
+    const auto outcomes = sink->publish(pointers(events));
     REQUIRE(outcomes.size() == 30);
     // 0..9 were enqueued and never acknowledged (retry). 10 found the queue full until the deadline
     // (retry, its key held); after it, the first event of each other key tries once more (queue
@@ -591,11 +591,11 @@ TEST_SUITE("kafka-mock") {
       }
     }
     CHECK(held.size() == 4);
-    CHECK(sink.producer_replacements() == 1);  // the unacknowledged ten are purged with it
+    CHECK(sink->producer_replacements() == 1);  // the unacknowledged ten are purged with it
 
     cluster.all_brokers(true);
-    REQUIRE(wait_for([&] { return sink.usable(); }, seconds{10}));
-    const auto retried = sink.publish(pointers(events));
+    REQUIRE(wait_for([&] { return sink->usable(); }, seconds{10}));
+    const auto retried = sink->publish(pointers(events));
     for (const auto& o : retried) CHECK(o.kind == OutcomeKind::kDelivered);
   }
 
