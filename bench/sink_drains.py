@@ -25,6 +25,16 @@ FROM generate_series(1, {count}) AS g
 """
 
 
+def pct(values, p):
+    """The p-quantile (0..1) of values, interpolated between ranks; None when empty."""
+    values = sorted(values)
+    if not values:
+        return None
+    k = (len(values) - 1) * p
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
 def sql(url, statement, params=None):
     with psycopg.connect(url, autocommit=True) as conn:
         cur = conn.execute(statement, params)

@@ -49,7 +49,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-from sink_drains import file_drain, seed, sql, steady_writers, timed_drain  # noqa: E402
+from sink_drains import file_drain, pct, seed, sql, steady_writers, timed_drain  # noqa: E402
 
 BROKER_SH = ROOT / "tests" / "kafka" / "broker.sh"
 HZ = os.sysconf("SC_CLK_TCK")
@@ -58,15 +58,6 @@ SINKS = ("kafka", "nats", "rabbitmq", "redis", "webhook")
 
 def log(msg):
     print(f"[bench-sinks {dt.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def pct(values, p):
-    values = sorted(values)
-    if not values:
-        return None
-    k = (len(values) - 1) * p
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
 def summary_ms(values):

@@ -42,22 +42,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from sink_drains import seed, steady_writers, timed_drain  # noqa: E402
+from sink_drains import pct, seed, steady_writers, timed_drain  # noqa: E402
 
 BROKER_SH = ROOT / "tests" / "kafka" / "broker.sh"
 
 
 def log(msg):
     print(f"[bench-kafka {dt.datetime.now().strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def pct(values, p):
-    values = sorted(values)
-    if not values:
-        return None
-    k = (len(values) - 1) * p
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
 class Bench:
