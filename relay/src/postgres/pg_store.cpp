@@ -153,6 +153,60 @@ std::string claimable_rows(const std::string& owner, const std::string& lanes) {
          lanes + "::smallint[]) ";
 }
 
+// Schema 5's poll while every lane is alike (no writer holds one back) and no outcome rides along:
+// the path of {prefix}_claim for p_probe with p_known and p_covered NULL and nothing done or
+// failed, in one statement instead of a PL/pgSQL call of three (bench/RESULTS.md, "One statement
+// for a poll": the call cost ~190-220 us around its ~120 us of SQL at 1,000 events/s). $1 the
+// owner, $2 the lanes, $3 the limit, $4 resolved (>= 0: every id up to it is committed or gone).
+// The same rows, in the same order, under the same row locks, and the same summary row:
+//  - the walk from $4 to the highest id before the first one that is not visible, capped at the
+//    last id drawn (the statement's snapshot is taken before that read, so the cap is only ever
+//    higher; every id up to the bound is visible in the snapshot that the scan uses);
+//  - the scan above $4 and up to that bound, with schema 7's head-of-line rule for a poll: while
+//    any event has failed and is still pending, an event waits for every earlier failed and
+//    pending one of its key, due or not;
+//  - no lease (a poll writes none), no WAL flush wait.
+std::string lane_poll_sql(const std::string& table, const std::string& sequence_literal) {
+  const std::string& t = table;
+  return "WITH v AS MATERIALIZED ("
+         "  SELECT coalesce(pg_sequence_last_value(" +
+         sequence_literal +
+         "::regclass), 0) AS last, set_config('synchronous_commit', 'off', true) AS async), "
+         "w AS MATERIALIZED ("
+         "  SELECT v.last, CASE WHEN $4::int8 >= v.last THEN $4::int8 "
+         "    WHEN NOT EXISTS (SELECT 1 FROM " +
+         t +
+         " AS f WHERE f.id = $4::int8 + 1) THEN $4::int8 "
+         "    ELSE coalesce((SELECT g.id FROM " +
+         t +
+         " AS g WHERE g.id > $4::int8 AND g.id < v.last "
+         "      AND NOT EXISTS (SELECT 1 FROM " +
+         t +
+         " AS h WHERE h.id = g.id + 1) ORDER BY g.id LIMIT 1), v.last) END AS bound "
+         "  FROM v), "
+         "s AS ("
+         "  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done "
+         "    FROM " +
+         t + " AS c WHERE " + claimable_rows("$1", "$2") +
+         "     AND c.id > $4::int8 AND c.id <= (SELECT w.bound FROM w) "
+         "     AND (NOT EXISTS (SELECT 1 FROM " +
+         t +
+         " AS r WHERE r.processed_at IS NULL AND r.dead_lettered_at IS NULL AND r.attempts > 0) "
+         "          OR (SELECT b.id FROM " +
+         t +
+         " AS b WHERE (b.aggregate_id, b.id) >= (c.aggregate_id, 0) "
+         "                AND (b.aggregate_id, b.id) < (c.aggregate_id, c.id) "
+         "                AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL AND b.attempts > 0 "
+         "              ORDER BY b.aggregate_id, b.id LIMIT 1) IS NULL) "
+         "   ORDER BY c.id LIMIT $3 FOR UPDATE OF c SKIP LOCKED) "
+         "SELECT s.id, s.topic, s.aggregate_id, s.payload::text, s.headers::text, NULL::text, "
+         "       (extract(epoch FROM s.created_at) * 1000000)::int8, s.attempts, s.sinks_done, "
+         "       NULL::int8, NULL::int8, NULL::int8[] "
+         "  FROM s "
+         "UNION ALL "
+         "SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last, ARRAY[w.bound] FROM w";
+}
+
 // Reads the columns shared by both claim forms: id, topic, key, payload, headers, created_at,
 // created_at_us, attempts, sinks_done.
 Event event_from_row(const pqxx::row& row) {
@@ -194,6 +248,10 @@ const char* completion_kind(Completion::Kind kind) {
   }
   return "release";  // not reached: the switch names every kind
 }
+
+// encode_completions of no outcome.
+constexpr std::string_view kNoIds = "{}";
+constexpr std::string_view kNoOutcomes = "[]";
 
 EncodedCompletions encode_completions(std::span<const Completion> completions) {
   std::vector<long long> delivered;
@@ -299,6 +357,7 @@ void PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
       c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
                                       "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
                                       "$11::bigint[], $12::bigint[])");
+      c.prepare("poll_lanes", lane_poll_sql(opt.table, c.quote(sequence)));
       c.prepare("writers", "SELECT * FROM " + function_prefix(opt.table) + "_writers()");
       // The committed events of held lanes above their bounds (the metrics' held events).
       c.prepare("held_count", "SELECT c.lane, count(*) FROM " + opt.table +
@@ -471,8 +530,10 @@ void PgStore::connect() {
           // Every statement of this session reads a narrow id range or a partial index; a new or
           // truncated table has no statistics yet, and a prepared statement planned then (a sequential
           // scan) would be kept until an analyze. Index scans only (schema 2's claim function says so
-          // itself).
+          // itself). Generic plans: planned once per session, not at every poll, and never with the
+          // planner looking up an index's actual end for a bound near it (first_claimable says why).
           q.exec0("SET enable_seqscan = off");
+          q.exec0("SET plan_cache_mode = force_generic_plan");
           const auto seq = q.exec_params1("SELECT pg_get_serial_sequence($1, 'id')", impl_->opt.table);
           if (seq[0].is_null()) {
             throw StoreUnavailable("table " + impl_->opt.table + " has no id sequence: run `outbox-relay migrate`",
@@ -653,10 +714,14 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
   const bool uniform = lanes.uniform();
   const std::string known = uniform ? std::string() : lane_literal(lanes.known());
   const std::string covered = uniform ? std::string() : lane_literal(lanes.covered());
+  // The usual poll (lanes alike, no outcome to write): one statement, the function's answer.
+  const bool lean = probe && uniform && lanes.resolved() >= 0 && delivered == kNoIds && others == kNoOutcomes;
   const auto rows =
-      tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()), owned_literal,
-                       static_cast<int>(limit), lanes.resolved(), probe, delivered, others, opt.delete_on_success,
-                       floor, uniform ? nullptr : known.c_str(), uniform ? nullptr : covered.c_str());
+      lean ? tx.exec_prepared("poll_lanes", opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved())
+           : tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()),
+                              owned_literal, static_cast<int>(limit), lanes.resolved(), probe, delivered, others,
+                              opt.delete_on_success, floor, uniform ? nullptr : known.c_str(),
+                              uniform ? nullptr : covered.c_str());
   now = std::chrono::steady_clock::now();
   return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
     const auto lane_bounds = row[11].is_null() ? std::nullopt : std::optional<LaneIds>(parse_lane_ids(row[11].c_str()));
