@@ -16,6 +16,7 @@ RunnerOptions runner_options(const config::Config& config) {
   o.rebalance_interval = r.rebalance_interval;
   o.poll_interval = r.poll_interval;
   o.light_poll_interval = r.light_poll_interval;
+  o.light_poll_events = r.light_poll_events;
   o.idle_poll_interval = r.idle_poll_interval;
   o.idle_after = r.idle_after;
   o.watched_poll_interval = r.watched_poll_interval;

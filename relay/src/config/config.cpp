@@ -68,6 +68,7 @@ RelaySection parse_relay(Section& s) {
     throw ConfigError(s.key_path("light_poll_interval") + ": must not be longer than " +
                       s.key_path("idle_poll_interval"));
   }
+  c.light_poll_events = static_cast<int>(s.integer_or("light_poll_events", c.light_poll_events, 1, 10'000));
   c.idle_watch = s.boolean_or("idle_watch", c.idle_watch);
   c.max_attempts = static_cast<int>(s.integer_or("max_attempts", c.max_attempts, 1, 1'000'000));
   if (auto b = s.section("backoff")) {
@@ -238,6 +239,7 @@ nlohmann::json describe(const Config& c) {
             {"sweep_interval", format_duration(c.relay.sweep_interval)},
             {"poll_interval", format_duration(c.relay.poll_interval)},
             {"light_poll_interval", format_duration(c.relay.light_poll_interval)},
+            {"light_poll_events", c.relay.light_poll_events},
             {"idle_poll_interval", format_duration(c.relay.idle_poll_interval)},
             {"idle_watch", c.relay.idle_watch},
             {"max_attempts", c.relay.max_attempts},

@@ -36,6 +36,9 @@ struct RelaySection {
   // A light stream is polled up to this far apart (RunnerOptions::light_poll_interval); absent:
   // 8ms, or poll_interval if that is longer.
   std::chrono::milliseconds light_poll_interval{8};
+  // ... so that a poll carries about this many events (RunnerOptions::light_poll_events): fewer
+  // polls, statements and sink requests per event for up to light_poll_interval of waiting.
+  int light_poll_events = 8;
   std::chrono::milliseconds idle_poll_interval{100};
   // Idle, the LISTEN session waits for the next id inside Postgres (postgres/listener.hpp) and
   // the relay polls once a second; off: it polls every idle_poll_interval.

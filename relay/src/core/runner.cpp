@@ -53,8 +53,8 @@ std::chrono::milliseconds Runner::flowing_interval() const {
   const auto shortest = options_.poll_interval;
   const auto longest = std::max(shortest, options_.light_poll_interval);
   if (recent_events_ <= 0 || recent_seconds_ <= 0) return longest;
-  // The wait in which kLingerEvents arrive at the recent rate, within [shortest, longest].
-  const auto linger = std::chrono::duration<double>(kLingerEvents * recent_seconds_ / recent_events_);
+  // The wait in which light_poll_events arrive at the recent rate, within [shortest, longest].
+  const auto linger = std::chrono::duration<double>(options_.light_poll_events * recent_seconds_ / recent_events_);
   if (linger >= longest) return longest;
   return std::max(shortest, std::chrono::ceil<std::chrono::milliseconds>(linger));
 }

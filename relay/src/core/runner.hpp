@@ -29,10 +29,11 @@ struct RunnerOptions {
   // rollback rings nothing): events wait up to this long, and a steady stream is claimed in
   // batches of what arrived meanwhile.
   std::chrono::milliseconds poll_interval;
-  // A light stream (fewer than kLingerEvents per poll_interval) is polled less often, up to this
-  // far apart, so that a poll carries about kLingerEvents events: each poll costs a round trip, a
-  // statement and a sink write whatever it carries. Equal to poll_interval: off.
+  // A light stream (fewer than light_poll_events per poll_interval) is polled less often, up to
+  // this far apart, so that a poll carries about light_poll_events events: each poll costs a round
+  // trip, a statement and a sink request whatever it carries. Equal to poll_interval: off.
   std::chrono::milliseconds light_poll_interval;
+  int light_poll_events;
   // Once nothing new was found for idle_after, the interval grows to idle_poll_interval: what an
   // idle relay costs.
   std::chrono::milliseconds idle_poll_interval;
@@ -104,8 +105,5 @@ class Runner {
   double recent_events_ = 0;
   double recent_seconds_ = 0;
 };
-
-// Events a poll of a light stream should carry (RunnerOptions::light_poll_interval).
-inline constexpr double kLingerEvents = 8;
 
 }  // namespace outbox

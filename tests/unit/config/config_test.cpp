@@ -73,6 +73,7 @@ TEST_CASE("defaults fill everything but the url and sinks") {
   CHECK(c.relay.poll_interval == milliseconds(5));
   CHECK(c.relay.idle_poll_interval == milliseconds(100));
   CHECK(c.relay.light_poll_interval == milliseconds(8));
+  CHECK(c.relay.light_poll_events == 8);
   CHECK(c.relay.idle_watch);
   CHECK(c.relay.on_success == OnSuccess::kMark);
   CHECK(c.relay.writer_hold_warning == milliseconds(5'000));
@@ -87,6 +88,7 @@ TEST_CASE("light_poll_interval left out follows a longer poll_interval and a sho
   CHECK(parse_config("relay: {poll_interval: 1ms, idle_poll_interval: 3ms}\n" + sinks, env).relay.light_poll_interval ==
         milliseconds(3));
   CHECK(parse_config("relay: {light_poll_interval: 5ms}\n" + sinks, env).relay.light_poll_interval == milliseconds(5));
+  CHECK(parse_config("relay: {light_poll_events: 16}\n" + sinks, env).relay.light_poll_events == 16);
   CHECK_FALSE(parse_config("relay: {idle_watch: false}\n" + sinks, env).relay.idle_watch);
   CHECK(parse_config("relay: {writer_hold_warning: 30s}\n" + sinks, env).relay.writer_hold_warning ==
         milliseconds(30'000));
@@ -139,6 +141,8 @@ TEST_CASE("each bad config names its key and what was expected") {
        "relay.light_poll_interval: must not be longer than relay.idle_poll_interval"},
       {url + "relay: {light_poll_interval: 20s}" + sinks,
        "relay.light_poll_interval: expected a duration from 1ms to 10s"},
+      {url + "relay: {light_poll_events: 0}" + sinks,
+       "relay.light_poll_events: expected a whole number from 1 to 10000, got '0'"},
       {url + "relay: {idle_watch: sometimes}" + sinks, "relay.idle_watch: expected true or false"},
       {url + "databse: {}" + sinks, "databse: unknown key"},
       {"database: {url: postgresql://x/db, tabel: t}" + sinks, "database.tabel: unknown key"},

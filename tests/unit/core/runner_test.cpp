@@ -445,11 +445,13 @@ TEST_CASE("runner: while a claim is fenced by an open writer, polls stay at poll
 }
 
 // The gaps between polls of a steady stream of `per_second` events, after the first second.
-std::vector<long long> poll_gaps_at(double per_second) {
+std::vector<long long> poll_gaps_at(double per_second, milliseconds light_poll_interval = milliseconds(8),
+                                    int light_poll_events = 8) {
   Fixture f;
-  f.options.light_poll_interval = milliseconds(8);
+  f.options.light_poll_interval = light_poll_interval;
+  f.options.light_poll_events = light_poll_events;
   f.store.per_second = per_second;
-  f.waiter.stop_at = at(1'500);
+  f.waiter.stop_at = at(2'000);
   f.run();
   const auto polls = ms_list(f.store.probes);
   std::vector<long long> gaps;
@@ -468,6 +470,13 @@ TEST_CASE("runner: a light stream is polled up to light_poll_interval apart, a d
   for (long long g : poll_gaps_at(5'000)) REQUIRE(g == 5);  // 25 a poll at poll_interval
   // In between: about 8 a poll (8 events in 6.4 ms at 1,250/s), in whole milliseconds.
   for (long long g : poll_gaps_at(1'250)) REQUIRE((g == 6 || g == 7));
+}
+
+TEST_CASE("runner: light_poll_events sets what a poll of a light stream carries, within light_poll_interval") {
+  for (long long g : poll_gaps_at(1'000, milliseconds(16), 16)) REQUIRE(g == 16);               // 16 a poll
+  for (long long g : poll_gaps_at(1'000, milliseconds(16), 12)) REQUIRE((g == 12 || g == 13));  // whole ms
+  for (long long g : poll_gaps_at(1'000, milliseconds(10), 16)) REQUIRE(g == 10);  // capped by the interval
+  for (long long g : poll_gaps_at(500, milliseconds(16), 4)) REQUIRE(g == 8);
 }
 
 TEST_CASE("runner: with light_poll_interval equal to poll_interval, a light stream is polled every poll_interval") {
