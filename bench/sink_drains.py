@@ -6,10 +6,14 @@ bench/sinks.py)."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import socket
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import psycopg
@@ -49,12 +53,41 @@ def seed(url, count):
     sql(url, "CHECKPOINT")
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_cpu_seconds(pid):
+    """utime + stime of a live process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def where_the_time_went(metrics_text, cpu_seconds, seconds):
+    """From the relay's /metrics at the end of a drain: the seconds its sink spent publishing
+    batches (outbox_relay_publish_duration_seconds: until every event of a batch is acknowledged)
+    and its claims took, against the drain's wall time; and the relay's CPU over the drain."""
+    def total(name):
+        return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", metrics_text, re.M))
+    publish, claims = total("outbox_relay_publish_duration_seconds_sum"), total("outbox_relay_claim_duration_seconds_sum")
+    batches = total("outbox_relay_publish_duration_seconds_count")
+    return {"publish_seconds": round(publish, 3), "publish_share": round(publish / seconds, 3),
+            "batches": int(batches), "ms_per_batch": round(publish / batches * 1000, 2) if batches else None,
+            "claim_seconds": round(claims, 3), "relay_cpu_seconds": round(cpu_seconds, 3),
+            "relay_cores": round(cpu_seconds / seconds, 3)}
+
+
 def timed_drain(url, relay_bin, work: Path, name, sink, events, batch_size, log_path: Path, log_level="info",
                 timeout=600) -> dict:
     """Drains the pending events with a relay publishing to `sink`; valid when every row is marked
-    and the relay exited 0 on SIGTERM. rate = events / seconds."""
+    and the relay exited 0 on SIGTERM. rate = events / seconds. Also where the time went (the
+    relay's /metrics and CPU at the end: where_the_time_went)."""
+    listen = f"127.0.0.1:{free_port()}"
     cfg = {"database": {"url": url}, "relay": {"batch_size": batch_size},
-           "http": {"enabled": False}, "log": {"level": log_level}, "sinks": [sink]}
+           "http": {"enabled": True, "listen": listen}, "log": {"level": log_level}, "sinks": [sink]}
     path = work / f"drain-{name}.yaml"
     path.write_text(json.dumps(cfg, indent=2))  # JSON is YAML
     max_id = sql(url, "SELECT max(id) FROM outbox_events")[0][0]
@@ -71,6 +104,14 @@ def timed_drain(url, relay_bin, work: Path, name, sink, events, batch_size, log_
                 t_done = time.monotonic()
                 break
             time.sleep(0.002)
+        breakdown = None
+        if t_done is not None:
+            try:
+                cpu = process_cpu_seconds(relay.pid)
+                with urllib.request.urlopen(f"http://{listen}/metrics", timeout=5) as r:
+                    breakdown = where_the_time_went(r.read().decode(), cpu, t_done - t0)
+            except OSError as e:  # reported, the figure stands without it
+                breakdown = {"error": repr(e)}
         relay.terminate()
         code = relay.wait(timeout=30)
     unprocessed = sql(url, "SELECT count(*) FROM outbox_events WHERE processed_at IS NULL")[0][0]
@@ -79,6 +120,7 @@ def timed_drain(url, relay_bin, work: Path, name, sink, events, batch_size, log_
     if ok:
         out["seconds"] = round(t_done - t0, 3)
         out["rate"] = round(events / (t_done - t0), 1)
+        out["where"] = breakdown
     return out
 
 

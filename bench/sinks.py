@@ -671,8 +671,9 @@ class Bench:
                     rnd[system] = {"valid": False, "error": repr(e)[:2000]}
                 x = rnd[system]
                 error = f" {x['error']}" if "error" in x else ""
+                where = f" {json.dumps(x['where'])}" if x.get("where") else ""
                 log(f"  {x.get('rate') or 0:,.0f}/s valid={x['valid']} "
-                    f"foreign load {x.get('cpu', {}).get('foreign_cores')} cores{error}")
+                    f"foreign load {x.get('cpu', {}).get('foreign_cores')} cores{error}{where}")
             rounds.append(rnd)
         return rounds
 
