@@ -9,7 +9,6 @@ import json
 import os
 import random
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -17,6 +16,8 @@ import urllib.request
 from pathlib import Path
 
 import psycopg
+
+from pgcost import free_port
 
 # ~150-byte payloads, keys over 10,000 aggregates.
 SEED_SQL = """
@@ -51,12 +52,6 @@ def seed(url, count):
     sql(url, SEED_SQL.format(count=int(count)))
     sql(url, "VACUUM ANALYZE outbox_events")
     sql(url, "CHECKPOINT")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def process_cpu_seconds(pid):
