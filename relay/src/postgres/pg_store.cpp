@@ -82,7 +82,7 @@ struct PgStore::Impl {
                                          long long floor);
   std::vector<Event> claim_with_statements(std::size_t limit);
   // Schema 5: reads the writers first when due (LaneBounds::reading_due), then claims.
-  std::vector<Event> claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe,
+  std::vector<Event> claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe, bool no_outcomes,
                                       const std::string& delivered, const std::string& others, long long floor);
   void read_writers(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now);
   // After a reading: the held events (counted at most once a second), the metrics' figures and the
@@ -248,10 +248,6 @@ const char* completion_kind(Completion::Kind kind) {
   }
   return "release";  // not reached: the switch names every kind
 }
-
-// encode_completions of no outcome.
-constexpr std::string_view kNoIds = "{}";
-constexpr std::string_view kNoOutcomes = "[]";
 
 EncodedCompletions encode_completions(std::span<const Completion> completions) {
   std::vector<long long> delivered;
@@ -681,7 +677,9 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
     if (tx.exec_prepared1("anything_new", state.floor_id())[0].is_null()) return {};
   }
   const EncodedCompletions encoded = encode_completions(completions);
-  if (state.by_lanes()) return claim_with_lanes(tx, limit, probe, encoded.delivered, encoded.others, floor);
+  if (state.by_lanes()) {
+    return claim_with_lanes(tx, limit, probe, completions.empty(), encoded.delivered, encoded.others, floor);
+  }
   const auto lease_ms = static_cast<long long>(opt.lease.count());
   const auto rows =
       state.functions().floor
@@ -700,8 +698,8 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
 }
 
 std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe,
-                                                   const std::string& delivered, const std::string& others,
-                                                   long long floor) {
+                                                   bool no_outcomes, const std::string& delivered,
+                                                   const std::string& others, long long floor) {
   // The reading first, in statements of its own: the claim's snapshot comes after it.
   auto now = std::chrono::steady_clock::now();
   if (state.reading_due(now)) {
@@ -715,7 +713,7 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
   const std::string known = uniform ? std::string() : lane_literal(lanes.known());
   const std::string covered = uniform ? std::string() : lane_literal(lanes.covered());
   // The usual poll (lanes alike, no outcome to write): one statement, the function's answer.
-  const bool lean = probe && uniform && lanes.resolved() >= 0 && delivered == kNoIds && others == kNoOutcomes;
+  const bool lean = probe && uniform && lanes.resolved() >= 0 && no_outcomes;
   const auto rows =
       lean ? tx.exec_prepared("poll_lanes", opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved())
            : tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()),
