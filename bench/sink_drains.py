@@ -54,10 +54,15 @@ def seed(url, count):
     sql(url, "CHECKPOINT")
 
 
+def proc_stat(pid):
+    """The fields of /proc/PID/stat after the command name."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def process_cpu_seconds(pid):
     """utime + stime of a live process, from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = proc_stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

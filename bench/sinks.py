@@ -49,7 +49,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-from sink_drains import file_drain, pct, seed, sql, steady_writers, timed_drain  # noqa: E402
+from sink_drains import file_drain, pct, proc_stat, seed, sql, steady_writers, timed_drain  # noqa: E402
 
 BROKER_SH = ROOT / "tests" / "kafka" / "broker.sh"
 HZ = os.sysconf("SC_CLK_TCK")
@@ -75,11 +75,6 @@ def run_out(cmd, timeout=900, **kw):
 
 
 # -- CPU accounting ---------------------------------------------------------------------------
-
-def proc_stat(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
 
 def all_stats():
     out = {}
