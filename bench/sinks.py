@@ -422,8 +422,8 @@ class Rabbitmq:
         here). Each message carries the sink's envelope (content type, app id, message id and the
         four outbox-* headers, with a median row's values): without it the broker spends ~25 %
         less CPU per message and PerfTest publishes ~1.3x faster than it does with the sink's
-        messages (bench/RESULTS.md, "The RabbitMQ tool with the sink's messages"). Only the
-        timestamp property is left out (8 bytes; PerfTest does not take a number for it)."""
+        messages (bench/RESULTS.md, "The tools with the sinks' messages"). Only the timestamp
+        property is left out (8 bytes; PerfTest does not take a number for it)."""
         self.server.declare(f"bench-{tag}", f"bench-{tag}", "order.#")
         env = payloads["envelope"]
         props = ",".join(f"{k}={v}" for k, v in (
