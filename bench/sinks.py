@@ -860,16 +860,23 @@ def cpu_table(r):
     """Where each drain's CPU went, per event (median over rounds): Postgres, the broker and the
     relay (or the tool), and the machine's busy cores. The sink's drain pays Postgres and the broker
     on the same cores; the tool pays only the broker, the file sink only Postgres. The CPU ceiling
-    is the rate at which the sink's drain would keep every core busy at its own CPU per event."""
+    is the rate at which the sink's drain would keep every core busy at its own CPU per event.
+    "Bound by": the CPU when that ceiling is below 0.8 of min(tool, file); otherwise the longer of
+    the drain's two overlapped stages, its claims or the sink's publish() (shares of its wall time,
+    from the relay's /metrics)."""
     events, cores = r["config"]["events"], r["meta"]["nproc"]
     lines = ["", "CPU per event of each drain (median of the rounds, us): Postgres / broker / relay or tool; "
-                 "busy cores; the sink's CPU ceiling = cores / its CPU per event",
+                 "busy cores; the sink's CPU ceiling = cores / its CPU per event; what bounds the sink's drain",
              "| sink | sink drain | busy cores | tool | busy cores | file drain | busy cores | sink's CPU ceiling "
-             "| sink / ceiling |",
-             "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | ---: |"]
+             "| sink / ceiling | 0.8 x min(tool, file) | claims / publish() share of the sink's drain | bound by |",
+             "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for name, e in r["sinks"].items():
         rounds = e.get("drain_rounds") or []
-        cells, ceiling, rate = [], None, e.get("drain_summary", {}).get("sink", {}).get("median_rate")
+        summary = e.get("drain_summary", {})
+        rate = summary.get("sink", {}).get("median_rate")
+        refs = [summary.get(k, {}).get("median_rate") for k in ("tool", "file")]
+        target = 0.8 * min(refs) if all(refs) else None
+        cells, ceiling = [], None
         for system in ("sink", "tool", "file"):
             cpus = [x[system]["cpu"] for x in rounds if x.get(system, {}).get("cpu")]
             if not cpus:
@@ -882,8 +889,19 @@ def cpu_table(r):
             cells += [" / ".join(f"{u:.1f}" for u in us), f"{busy / med['wall_seconds']:.2f}"]
             if system == "sink" and sum(us) > 0:
                 ceiling = cores / (sum(us) / 1e6)
+        wheres = [x["sink"]["where"] for x in rounds if x.get("sink", {}).get("where")]
+        claims = statistics.median(w["claim_seconds"] / w["publish_seconds"] * w["publish_share"]
+                                   for w in wheres if w.get("publish_seconds")) if wheres else None
+        publish = statistics.median(w["publish_share"] for w in wheres) if wheres else None
+        if ceiling and target and ceiling < target:
+            bound = f"CPU: {cores} cores cannot reach 0.8"
+        elif claims is not None and publish is not None:
+            bound = "claims" if claims >= publish else "publish()"
+        else:
+            bound = "-"
+        shares = f"{claims:.2f} / {publish:.2f}" if claims is not None and publish is not None else "-"
         lines.append(f"| {name} | {' | '.join(cells)} | {fmt(ceiling)} | "
-                     f"{round(rate / ceiling, 3) if rate and ceiling else '-'} |")
+                     f"{round(rate / ceiling, 3) if rate and ceiling else '-'} | {fmt(target)} | {shares} | {bound} |")
     return lines
 
 
