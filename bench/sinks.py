@@ -871,8 +871,10 @@ def cpu_table(r):
              "| sink / ceiling | 0.8 x min(tool, file) | claims / publish() share of the sink's drain | bound by |",
              "| --- | --- | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for name, e in r["sinks"].items():
+        if "drain_summary" not in e:
+            continue  # --no-drains
         rounds = e.get("drain_rounds") or []
-        summary = e.get("drain_summary", {})
+        summary = e["drain_summary"]
         rate = summary.get("sink", {}).get("median_rate")
         refs = [summary.get(k, {}).get("median_rate") for k in ("tool", "file")]
         target = 0.8 * min(refs) if all(refs) else None
@@ -924,7 +926,8 @@ def table(r):
         lines.append(f"| {name} | {fmt(m['sink'])} | {fmt(m['tool'])} | {fmt(m['file'])} | "
                      f"{s.get('sink_over_min_tool_file')} | {s.get('sink_over_min_tool_file_per_round')} | "
                      f"{foreign} | {old} |")
-    lines += cpu_table(r)
+    if any("drain_summary" in e for e in r["sinks"].values()):
+        lines += cpu_table(r)
     if any("steady" in e for e in r["sinks"].values()):
         lines.append("")
         lines.append(f"steady {a['steady_rate']}/s for {a['steady_seconds']} s "
