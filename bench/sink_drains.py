@@ -6,7 +6,6 @@ bench/sinks.py)."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 
-from pgcost import free_port
+from pgcost import free_port, process_cpu_seconds
 
 # ~150-byte payloads, keys over 10,000 aggregates.
 SEED_SQL = """
@@ -60,12 +59,6 @@ def proc_stat(pid):
         return f.read().rsplit(")", 1)[1].split()
 
 
-def process_cpu_seconds(pid):
-    """utime + stime of a live process, from /proc."""
-    fields = proc_stat(pid)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def where_the_time_went(metrics_text, cpu_seconds, seconds):
     """From the relay's /metrics at the end of a drain: the seconds its sink spent publishing
     batches (outbox_relay_publish_duration_seconds: until every event of a batch is acknowledged)
@@ -76,7 +69,8 @@ def where_the_time_went(metrics_text, cpu_seconds, seconds):
     batches = total("outbox_relay_publish_duration_seconds_count")
     return {"publish_seconds": round(publish, 3), "publish_share": round(publish / seconds, 3),
             "batches": int(batches), "ms_per_batch": round(publish / batches * 1000, 2) if batches else None,
-            "claim_seconds": round(claims, 3), "relay_cpu_seconds": round(cpu_seconds, 3),
+            "claim_seconds": round(claims, 3), "claim_share": round(claims / seconds, 3),
+            "relay_cpu_seconds": round(cpu_seconds, 3),
             "relay_cores": round(cpu_seconds / seconds, 3)}
 
 

@@ -892,8 +892,7 @@ def cpu_table(r):
             if system == "sink" and sum(us) > 0:
                 ceiling = cores / (sum(us) / 1e6)
         wheres = [x["sink"]["where"] for x in rounds if x.get("sink", {}).get("where")]
-        claims = statistics.median(w["claim_seconds"] / w["publish_seconds"] * w["publish_share"]
-                                   for w in wheres if w.get("publish_seconds")) if wheres else None
+        claims = statistics.median(w["claim_share"] for w in wheres) if wheres else None
         publish = statistics.median(w["publish_share"] for w in wheres) if wheres else None
         if ceiling and target and ceiling < target:
             bound = f"CPU: {cores} cores cannot reach 0.8"

@@ -82,8 +82,8 @@ struct PgStore::Impl {
                                          long long floor);
   std::vector<Event> claim_with_statements(std::size_t limit);
   // Schema 5: reads the writers first when due (LaneBounds::reading_due), then claims.
-  std::vector<Event> claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe, bool no_outcomes,
-                                      const std::string& delivered, const std::string& others, long long floor);
+  std::vector<Event> claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe,
+                                      std::span<const Completion> completions, long long floor);
   void read_writers(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now);
   // After a reading: the held events (counted at most once a second), the metrics' figures and the
   // warnings for writers that held events back for longer than writer_hold_warning.
@@ -676,10 +676,8 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
   if (state.ask_anything_new_first(probe, !completions.empty())) {
     if (tx.exec_prepared1("anything_new", state.floor_id())[0].is_null()) return {};
   }
+  if (state.by_lanes()) return claim_with_lanes(tx, limit, probe, completions, floor);
   const EncodedCompletions encoded = encode_completions(completions);
-  if (state.by_lanes()) {
-    return claim_with_lanes(tx, limit, probe, completions.empty(), encoded.delivered, encoded.others, floor);
-  }
   const auto lease_ms = static_cast<long long>(opt.lease.count());
   const auto rows =
       state.functions().floor
@@ -698,8 +696,7 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
 }
 
 std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe,
-                                                   bool no_outcomes, const std::string& delivered,
-                                                   const std::string& others, long long floor) {
+                                                   std::span<const Completion> completions, long long floor) {
   // The reading first, in statements of its own: the claim's snapshot comes after it.
   auto now = std::chrono::steady_clock::now();
   if (state.reading_due(now)) {
@@ -713,13 +710,17 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
   const std::string known = uniform ? std::string() : lane_literal(lanes.known());
   const std::string covered = uniform ? std::string() : lane_literal(lanes.covered());
   // The usual poll (lanes alike, no outcome to write): one statement, the function's answer.
-  const bool lean = probe && uniform && lanes.resolved() >= 0 && no_outcomes;
-  const auto rows =
-      lean ? tx.exec_prepared("poll_lanes", opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved())
-           : tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()),
-                              owned_literal, static_cast<int>(limit), lanes.resolved(), probe, delivered, others,
-                              opt.delete_on_success, floor, uniform ? nullptr : known.c_str(),
-                              uniform ? nullptr : covered.c_str());
+  const bool lean = probe && uniform && lanes.resolved() >= 0 && completions.empty();
+  pqxx::result rows;
+  if (lean) {
+    rows = tx.exec_prepared("poll_lanes", opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved());
+  } else {
+    const EncodedCompletions encoded = encode_completions(completions);
+    rows = tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()), owned_literal,
+                            static_cast<int>(limit), lanes.resolved(), probe, encoded.delivered, encoded.others,
+                            opt.delete_on_success, floor, uniform ? nullptr : known.c_str(),
+                            uniform ? nullptr : covered.c_str());
+  }
   now = std::chrono::steady_clock::now();
   return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
     const auto lane_bounds = row[11].is_null() ? std::nullopt : std::optional<LaneIds>(parse_lane_ids(row[11].c_str()));
