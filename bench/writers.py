@@ -4,7 +4,8 @@
 Three tables in one database, measured side by side in one run:
   plain_events   CREATE TABLE ... (LIKE outbox_events INCLUDING ALL) WITH (fillfactor = 50):
                  the same columns, generated lane, defaults, checks and indexes, no triggers,
-                 without schema 5's lane mark and with an identity id of its own (schema 6's id
+                 without the lane mark (schema 5's CHECK; schema 9's lane type, so its lane is
+                 a plain smallint) and with an identity id of its own (schema 6's id
                  default takes the statement mark and draws from outbox_events' sequence): its
                  writers pay nothing for the outbox;
   outbox_events  `outbox-relay migrate` with the binary under test (its newest schema);
@@ -65,6 +66,7 @@ class Writers:
         pc.migrate(relay_bin, env, table="prev_events", to_version=self.a.prev_version)
         self.db.psql("CREATE TABLE plain_events (LIKE outbox_events INCLUDING ALL) WITH (fillfactor = 50)",
                      "ALTER TABLE plain_events DROP CONSTRAINT IF EXISTS outbox_events_lane_mark",
+                     "ALTER TABLE plain_events ALTER COLUMN lane TYPE smallint",
                      "DO $$ BEGIN IF (SELECT attidentity FROM pg_attribute WHERE attrelid = 'plain_events'::regclass "
                      "AND attname = 'id') = '' THEN ALTER TABLE plain_events ALTER COLUMN id DROP DEFAULT; "
                      "ALTER TABLE plain_events ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY; END IF; END $$",

@@ -6,6 +6,9 @@
 -- running: ADD CONSTRAINT ... NOT VALID and CREATE TRIGGER take the table lock for a moment (no
 -- scan of existing rows); migrate waits at most 100 ms for it and tries again.
 --
+-- (Schema 9 moves the lane mark of point 1 from the CHECK into the lane column's type; the
+-- argument below holds for it as written, "its CHECK" being the computation of its lane.)
+--
 -- The argument. Ids are drawn when a row is inserted but become visible at commit, so the relay
 -- must not publish an id of lane L while a transaction that may still commit a lower id of lane L
 -- is open. Until schema 4 the relay could not tell which lanes an open writer holds, so one open

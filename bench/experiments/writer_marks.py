@@ -1,6 +1,7 @@
 """Which of the writer marks costs 32 concurrent writers (issue 28): an experiment, not a gate.
 
     bench/cost-run.sh experiments/writer_marks [--rounds 4 --seconds 8 --clients 32 --relay-bin B]
+    bench/cost-run.sh experiments/writer_marks --one-backend 30000 --rounds 10 --tables plain,both,lanetype
 
 Five tables of one database, each migrated or built from outbox_events as the binary under test
 migrates it, measured side by side with pgbench (-n -M prepared, single-row INSERT transactions,
@@ -17,6 +18,8 @@ unpaced), the order rotating each round; TRUNCATE + CHECKPOINT before every poin
   stmtfp   the lane mark as in schema 5, the statement mark as nextval of one of 64 bucket
            sequences (start time mod 64) in the id default
   bothfp   both marks as relation locks
+  lanetype the statement mark as in schema 6, the lane mark in the lane column's type as schema 9
+           puts it: a domain over smallint whose check takes the lane's shared advisory lock
   burn     plain, plus a CHECK that burns ~45 us of CPU per row (md5 of 16.5 kB; a calibration:
            what a known cost does to the ratio)
   plain2   a second plain table (with --side-by-side: the noise of the pairing itself)
@@ -24,6 +27,11 @@ unpaced), the order rotating each round; TRUNCATE + CHECKPOINT before every poin
 the same time as plain, half the clients each, so both see the same machine; the figure is the
 median of the per-round ratios of their commits/s.)
 Prints median commits/s and Postgres CPU per transaction, and the ratio to plain.
+(--one-backend N: no pgbench; one session per table calls a procedure that inserts N single-row
+transactions, one COMMIT each, with synchronous_commit off: the server's own time per transaction,
+without the client, the network or the WAL flush. Prints the median and minimum per table.)
+The tables are built from schema 8's outbox_events (migrate --to-version 8), whose marks are a
+CHECK and the id's default.
 """
 from __future__ import annotations
 
@@ -37,11 +45,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pgcost as pc  # noqa: E402
 
-TABLES = ["plain", "plain2", "check", "default", "both", "seqlock", "lanefp", "stmtfp", "bothfp", "burn"]
+TABLES = ["plain", "plain2", "check", "default", "both", "seqlock", "lanefp", "stmtfp", "bothfp", "burn", "lanetype"]
 
 
 def setup(db: pc.Db, relay_bin: str, work: Path) -> dict:
-    pc.migrate(relay_bin, db.relay_env())
+    pc.migrate(relay_bin, db.relay_env(), to_version=8)  # schema 8's marks: a CHECK and the id's default
     mark = db.psql("SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef AS d JOIN pg_attribute AS a "
                    "ON a.attrelid = d.adrelid AND a.attnum = d.adnum "
                    "WHERE d.adrelid = 'outbox_events'::regclass AND a.attname = 'id'")
@@ -78,9 +86,48 @@ def setup(db: pc.Db, relay_bin: str, work: Path) -> dict:
             mark.replace("outbox_events_id_seq", f"m_{t}_id_seq")
         db.psql(f"ALTER TABLE m_{t} ALTER COLUMN id SET DEFAULT {default}",
                 f"ALTER TABLE m_{t} ADD CONSTRAINT m_{t}_lane_mark {lane_fp if t != 'stmtfp' else check}")
+    lane_ns = check.split("pg_try_advisory_xact_lock_shared(", 1)[1].split(",", 1)[0]
+    db.psql("CREATE SEQUENCE m_lanetype_id_seq",
+            "ALTER TABLE m_lanetype ALTER COLUMN id SET DEFAULT " + mark.replace("outbox_events_id_seq", "m_lanetype_id_seq"),
+            "CREATE DOMAIN m_lanetype_lane AS smallint",
+            "ALTER TABLE m_lanetype ALTER COLUMN lane TYPE m_lanetype_lane",
+            f"ALTER DOMAIN m_lanetype_lane ADD CONSTRAINT m_lanetype_lane_mark "
+            f"CHECK (pg_try_advisory_xact_lock_shared({lane_ns}, VALUE)) NOT VALID")
     scripts = {t: pc.insert_script(work / f"insert-{t}.sql", "outbox_events" if t == "both" else f"m_{t}")
                for t in TABLES}
     return {"statement_mark": mark, "lane_mark": check, "scripts": {t: str(p) for t, p in scripts.items()}}
+
+
+def one_backend(db, tables, a):
+    """Each table's INSERT + COMMIT on one backend, from a procedure (a prepared INSERT, as pgbench
+    -M prepared sends it), synchronous_commit off; us per transaction, median and min of rounds."""
+    for t in tables:
+        table = "outbox_events" if t == "both" else f"m_{t}"
+        db.psql(f"CREATE OR REPLACE PROCEDURE m_insert_{t}(n integer) LANGUAGE plpgsql AS $p$ BEGIN "
+                f"FOR i IN 1..n LOOP INSERT INTO {table} (topic, aggregate_id, payload) VALUES ('order.paid', "
+                f"'k' || (1 + i % 1000), jsonb_build_object('order_id', i, 'amount_cents', 1999, 'currency', 'EUR', "
+                f"'note', repeat('x', 44))); COMMIT; END LOOP; END $p$")
+    us = {t: [] for t in tables}
+    for r in range(a.rounds):
+        for t in tables[r % len(tables):] + tables[:r % len(tables)]:
+            table = "outbox_events" if t == "both" else f"m_{t}"
+            db.psql(f"TRUNCATE {table}", "CHECKPOINT")
+            out = db.psql("SET synchronous_commit = off", f"CALL m_insert_{t}(1000)",
+                          "SELECT set_config('marks.t0', clock_timestamp()::text, false)",
+                          f"CALL m_insert_{t}({a.one_backend})",
+                          "SELECT extract(epoch FROM clock_timestamp() - current_setting('marks.t0')::timestamptz) "
+                          f"* 1e6 / {a.one_backend}")
+            us[t].append(float(out.split()[-1]))
+            pc.log("marks", f"round {r + 1} {t}: {us[t][-1]:.1f} us per transaction on one backend")
+    print(f"\nOne backend, {a.one_backend} single-row INSERT transactions per round, synchronous_commit off, "
+          f"{a.rounds} rounds\n")
+    print("| table | us per transaction (median) | min | median over plain |\n| --- | ---: | ---: | ---: |")
+    base = statistics.median(us["plain"]) if "plain" in us else None
+    for t in tables:
+        med = statistics.median(us[t])
+        extra = f"{med - base:+.1f} us" if base is not None else "-"
+        print(f"| {t} | {med:.1f} | {min(us[t]):.1f} | {extra} |")
+    Path(a.out).write_text(json.dumps({"one_backend_us": us, "args": vars(a)}, indent=1))
 
 
 def side_by_side(db, info, tables, truncate, a):
@@ -116,12 +163,16 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--tables", default=",".join(TABLES))
     ap.add_argument("--side-by-side", action="store_true")
+    ap.add_argument("--one-backend", type=int, default=0, metavar="N",
+                    help="N single-row transactions per round on one backend, from a procedure, instead of pgbench")
     a = ap.parse_args()
     pc.terminate_on_signals()
     db = pc.Db(pc.bench_database_url(), a.pg_dir)
     info = setup(db, a.relay_bin, Path(a.work))
     tables = [t for t in TABLES if t in a.tables.split(",")]
     truncate = "TRUNCATE outbox_events, " + ", ".join(f"m_{t}" for t in TABLES if t != "both") + " RESTART IDENTITY"
+    if a.one_backend:
+        return one_backend(db, tables, a)
     if a.side_by_side:
         return side_by_side(db, info, tables, truncate, a)
     points = {t: [] for t in tables}

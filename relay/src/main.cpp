@@ -308,6 +308,8 @@ int main(int argc, char** argv) {
       }
       for (const auto& name : result.applied)
         std::printf("applied %s to %s\n", name.c_str(), config.database.table.c_str());
+      for (const auto& warning : result.warnings)
+        std::fprintf(stderr, "outbox-relay: migrate: %s\n", outbox::log::redact(warning).c_str());
       return 0;
     }
     if (*c.status) return print_status(config, o.json);

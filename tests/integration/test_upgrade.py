@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 import uuid
@@ -267,3 +268,68 @@ def test_migrate_under_load_keeps_writers_committing_and_delivers_every_event_on
     for relay in (relay_a, relay_b):
         errors = [l for l in relay.logs() if l.get("level") == "error"]
         assert not errors, errors[:3]
+
+
+def lane_marks_taken(db: Database, key: str) -> list[int]:
+    """The lane marks an INSERT of `key` takes, read in its own transaction (rolled back): the
+    advisory locks of the namespace in the lane mark's definition (schema 9's domain, or the CHECK
+    that schemas 5-8 use and schema 9 keeps when it cannot change the lane's type)."""
+    definition = db.scalar(
+        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint AS c WHERE c.conname = 'outbox_events_lane_mark'")
+    namespace = int(re.search(r"pg_try_advisory_xact_lock_shared\((\d+),", definition).group(1))
+    with db.connect() as conn, conn.transaction(force_rollback=True):
+        conn.execute("INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', %s, '{}')", (key,))
+        return [r[0] for r in conn.execute(
+            "SELECT objid::int FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND classid = %s",
+            (namespace,))]
+
+
+def lane_type_and_check(db: Database):
+    return db.query(
+        "SELECT format_type(a.atttypid, NULL), EXISTS (SELECT 1 FROM pg_constraint AS c WHERE c.conrelid = a.attrelid "
+        "AND c.conname = 'outbox_events_lane_mark') FROM pg_attribute AS a "
+        "WHERE a.attrelid = 'outbox_events'::regclass AND a.attname = 'lane'")[0]
+
+
+@pytest.mark.parametrize("old_db", [8], indirect=True, ids=lambda v: f"from_v{v}")
+def test_schema_9_moves_the_lane_mark_into_the_lane_type_unless_a_view_uses_the_lane(old_db):
+    """Schema 9 makes the lane column a domain whose check takes the lane mark, and drops schema
+    5's CHECK. A view on the column forbids that change: migrate then keeps the CHECK (the mark is
+    still taken), exits 0, and prints a warning with the SQL to make the change by hand."""
+    db = old_db
+    key = "K"
+    lane = db.scalar("SELECT hashtext(%s) & 63", (key,))
+    assert lane_type_and_check(db) == ("smallint", True)
+    assert lane_marks_taken(db, key) == [lane]
+    with db.connect() as conn:
+        conn.execute("CREATE VIEW lane_counts AS SELECT lane, count(*) FROM outbox_events GROUP BY lane")
+    kept = db.migrate()
+    assert kept.returncode == 0 and "applied 009_" in kept.stdout, kept.stdout
+    assert "the lane mark stays a CHECK constraint on outbox_events" in kept.stderr, kept.stderr
+    assert "ALTER TABLE outbox_events ALTER COLUMN lane TYPE public.outbox_events_lane" in kept.stderr, kept.stderr
+    assert lane_type_and_check(db) == ("smallint", True)
+    assert lane_marks_taken(db, key) == [lane]
+
+    # The same upgrade without the view, in a fresh database at schema 8: the lane's type marks it.
+    name = db.name + "_b"
+    with psycopg.connect(db.cluster.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    other = Database(db.cluster, name)
+    try:
+        other.migrate("--to-version", "8")
+        moved = other.migrate()
+        assert moved.returncode == 0 and "applied 009_" in moved.stdout and not moved.stderr, moved.stderr
+        assert lane_type_and_check(other) == ("outbox_events_lane", False)
+        assert lane_marks_taken(other, key) == [lane]
+        # The relay's own UPDATEs (a mark, a lease) leave aggregate_id alone: no lane mark.
+        with other.connect() as conn:
+            conn.execute("INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', %s, '{}')",
+                         (key,))
+            with conn.transaction(force_rollback=True):
+                conn.execute("UPDATE outbox_events SET lease_owner = 'x', processed_at = now()")
+                assert conn.execute("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() "
+                                    "AND locktype = 'advisory'").fetchone()[0] == 0
+    finally:
+        with psycopg.connect(db.cluster.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")

@@ -296,8 +296,9 @@ def test_c_one_statement_inserting_200000_events_beside_the_stream(db, relays, w
 
 
 def race(db, relays, workdir, trust_marks_alone):
-    """A writer stopped after its id is drawn and before its lane mark is taken: the identity
-    default draws the id, then the payload's subquery sleeps 3 s, then the CHECK marks the lane.
+    """A writer stopped after its id is drawn and before its lane mark is taken: the id's default
+    draws the id, then the payload's subquery sleeps 3 s, then the lane's type (schema 9; a CHECK
+    before) marks the lane.
     Meanwhile a later event of the same key commits."""
     out = workdir / "events.jsonl"
     if trust_marks_alone:
@@ -325,7 +326,7 @@ def race(db, relays, workdir, trust_marks_alone):
 
     t = threading.Thread(target=slow)
     t.start()
-    # The early id is drawn (the sequence moved) while its statement sleeps before its CHECK.
+    # The early id is drawn (the sequence moved) while its statement sleeps before its lane mark.
     wait_until(lambda: db.scalar("SELECT pg_sequence_last_value('outbox_events_id_seq')"), timeout=2)
     [late] = db.insert([("order.paid", "K", {"n": 2})])
     [other] = db.insert([("order.paid", "other-key", {"n": 3})])

@@ -28,6 +28,27 @@ DbError migrate_failure(const std::exception& e, const std::string& url, const s
   return DbError("migrate failed: " + describe_error(e) + "; hint: " + hint, DbErrorClass::kPrivilege, hint);
 }
 
+// Keeps the WARNINGs a migration raises (e.g. schema 9 when it cannot change the lane's type), for
+// migrate to print; other notices are dropped, as before.
+class WarningCollector : public pqxx::errorhandler {
+ public:
+  WarningCollector(pqxx::connection_base& conn, std::vector<std::string>& out) : pqxx::errorhandler(conn), out_(out) {}
+  bool operator()(const char msg[]) noexcept override {
+    try {
+      std::string text(msg);
+      if (text.starts_with("WARNING:")) {
+        while (!text.empty() && text.back() == '\n') text.pop_back();
+        out_.push_back(std::move(text));
+      }
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a notice lost is better than a throw from here
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::string>& out_;
+};
+
 }  // namespace
 
 std::string render_migration(const std::string& sql, const std::string& table, const std::string& channel) {
@@ -47,6 +68,8 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
   for (int attempt = 1;; ++attempt) {
     try {
       auto conn = open_session(url, "migrate");
+      MigrateResult result;
+      WarningCollector warnings(*conn, result.warnings);
       pqxx::work tx(*conn);
       tx.exec_params("SELECT pg_advisory_xact_lock($1)", advisory_key("outbox-relay:migrate"));
       // A DDL step waiting for a table lock (behind an open writer) queues every new writer
@@ -56,7 +79,6 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
           "CREATE TABLE IF NOT EXISTS outbox_schema_migrations ("
           "  table_name text NOT NULL, version integer NOT NULL, name text NOT NULL,"
           "  applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (table_name, version))");
-      MigrateResult result;
       const auto done =
           tx.exec_params("SELECT coalesce(max(version), 0) FROM outbox_schema_migrations WHERE table_name = $1", table);
       result.current_version = done[0][0].as<int>();

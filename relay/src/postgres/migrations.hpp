@@ -20,6 +20,7 @@ std::string render_migration(const std::string& sql, const std::string& table, c
 struct MigrateResult {
   std::vector<std::string> applied;  // names applied by this run
   int current_version = 0;
+  std::vector<std::string> warnings;  // the server's WARNINGs raised by the migrations applied
 };
 
 // Applies pending migrations up to to_version (0: all) in one transaction, serialized against
