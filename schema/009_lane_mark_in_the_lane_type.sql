@@ -8,8 +8,8 @@
 -- INSERT statement (PostgreSQL builds a table's CHECK expressions once per executor start, so a
 -- prepared single-row INSERT pays it per row), while a domain's CHECK is planned once per session
 -- and kept in the type cache. On one backend (30,000 single-row transactions from a procedure,
--- synchronous_commit off, median of 10 rounds, bench/RESULTS.md "The lane mark in the lane's type"):
--- 32.7 us per transaction without marks, 42.3 with schema 8's, 37.7 with this one.
+-- synchronous_commit off, median of 16 rounds; bench/RESULTS.md, "The lane mark in the lane's
+-- type"): 40.3 us per transaction without marks, 48.3 with schema 8's, 46.7 with this one.
 --
 -- Schema 5's argument holds as it stands. The lane mark is the same lock ({{mark_ns}}, lane),
 -- taken for each row when its lane is computed: the stored generated column, after the row's
