@@ -4,6 +4,7 @@ writers never stop committing, and every committed event reaches the sink exactl
 per key, whether the relay that delivers it ran through the migrate or was started after it."""
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -31,20 +32,27 @@ def schema_versions(db: Database):
         "SELECT version FROM outbox_schema_migrations WHERE table_name = %s ORDER BY version", (TABLE,))]
 
 
-@pytest.fixture
-def old_db(cluster, request):
-    """A fresh database migrated only up to request.param (`migrate --to-version`), as an
-    installation made by an earlier release would be."""
-    version = request.param
+@contextlib.contextmanager
+def database_at(cluster, version: int):
+    """A fresh database migrated only up to `version` (`migrate --to-version`), as an installation
+    made by an earlier release would be; dropped afterwards."""
     name = "t_" + uuid.uuid4().hex[:10]
     with psycopg.connect(cluster.url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
-    d = Database(cluster, name)
-    d.migrate("--to-version", str(version))
-    yield d
-    with psycopg.connect(cluster.url, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
-        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+    try:
+        d = Database(cluster, name)
+        d.migrate("--to-version", str(version))
+        yield d
+    finally:
+        with psycopg.connect(cluster.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+@pytest.fixture
+def old_db(cluster, request):
+    with database_at(cluster, request.param) as d:
+        yield d
 
 
 class ContinuousWriters:
@@ -311,12 +319,7 @@ def test_schema_9_moves_the_lane_mark_into_the_lane_type_unless_a_view_uses_the_
     assert lane_marks_taken(db, key) == [lane]
 
     # The same upgrade without the view, in a fresh database at schema 8: the lane's type marks it.
-    name = db.name + "_b"
-    with psycopg.connect(db.cluster.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    other = Database(db.cluster, name)
-    try:
-        other.migrate("--to-version", "8")
+    with database_at(db.cluster, 8) as other:
         moved = other.migrate()
         assert moved.returncode == 0 and "applied 009_" in moved.stdout and not moved.stderr, moved.stderr
         assert lane_type_and_check(other) == ("outbox_events_lane", False)
@@ -329,7 +332,3 @@ def test_schema_9_moves_the_lane_mark_into_the_lane_type_unless_a_view_uses_the_
                 conn.execute("UPDATE outbox_events SET lease_owner = 'x', processed_at = now()")
                 assert conn.execute("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() "
                                     "AND locktype = 'advisory'").fetchone()[0] == 0
-    finally:
-        with psycopg.connect(db.cluster.url, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
-            conn.execute(f"DROP DATABASE IF EXISTS {name}")
