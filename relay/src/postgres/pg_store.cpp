@@ -166,6 +166,15 @@ std::string claimable_rows(const std::string& owner, const std::string& lanes) {
 //    any event has failed and is still pending, an event waits for every earlier failed and
 //    pending one of its key, due or not;
 //  - no lease (a poll writes none), no WAL flush wait.
+// Its plan is generic and made once per session, possibly while the table has no statistics (new
+// or truncated): so nothing in it may depend on them. The walk's NOT EXISTS carries OFFSET 0, which
+// keeps it a probe of the primary key per id: planned as an anti join on an empty table, the probe
+// became a scan of the whole index per id walked, and a relay started on a truncated table beside
+// 16,600 events/s fell ~2 s behind until the first autoanalyze (bench/RESULTS.md, "A relay started
+// on an empty table"). (The head-of-line look, run only while a retry waits, can still be planned
+// as a sort on such a table. enable_sort = off for the whole worker session would keep it on the
+// retry index, but it put the same soak's commit-to-sink p99 at 98-204 ms a window against 10-17
+// ms without it, so it is not set.)
 std::string lane_poll_sql(const std::string& table, const std::string& sequence_literal) {
   const std::string& t = table;
   return "WITH v AS MATERIALIZED ("
@@ -182,7 +191,7 @@ std::string lane_poll_sql(const std::string& table, const std::string& sequence_
          " AS g WHERE g.id > $4::int8 AND g.id < v.last "
          "      AND NOT EXISTS (SELECT 1 FROM " +
          t +
-         " AS h WHERE h.id = g.id + 1) ORDER BY g.id LIMIT 1), v.last) END AS bound "
+         " AS h WHERE h.id = g.id + 1 OFFSET 0) ORDER BY g.id LIMIT 1), v.last) END AS bound "
          "  FROM v), "
          "s AS ("
          "  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done "
