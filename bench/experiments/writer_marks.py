@@ -48,6 +48,11 @@ import pgcost as pc  # noqa: E402
 TABLES = ["plain", "plain2", "check", "default", "both", "seqlock", "lanefp", "stmtfp", "bothfp", "burn", "lanetype"]
 
 
+def table_of(t: str) -> str:
+    """The table behind a name of TABLES: "both" is outbox_events itself."""
+    return "outbox_events" if t == "both" else f"m_{t}"
+
+
 def setup(db: pc.Db, relay_bin: str, work: Path) -> dict:
     pc.migrate(relay_bin, db.relay_env(), to_version=8)  # schema 8's marks: a CHECK and the id's default
     mark = db.psql("SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef AS d JOIN pg_attribute AS a "
@@ -93,7 +98,7 @@ def setup(db: pc.Db, relay_bin: str, work: Path) -> dict:
             "ALTER TABLE m_lanetype ALTER COLUMN lane TYPE m_lanetype_lane",
             f"ALTER DOMAIN m_lanetype_lane ADD CONSTRAINT m_lanetype_lane_mark "
             f"CHECK (pg_try_advisory_xact_lock_shared({lane_ns}, VALUE)) NOT VALID")
-    scripts = {t: pc.insert_script(work / f"insert-{t}.sql", "outbox_events" if t == "both" else f"m_{t}")
+    scripts = {t: pc.insert_script(work / f"insert-{t}.sql", table_of(t))
                for t in TABLES}
     return {"statement_mark": mark, "lane_mark": check, "scripts": {t: str(p) for t, p in scripts.items()}}
 
@@ -102,16 +107,14 @@ def one_backend(db, tables, a):
     """Each table's INSERT + COMMIT on one backend, from a procedure (a prepared INSERT, as pgbench
     -M prepared sends it), synchronous_commit off; us per transaction, median and min of rounds."""
     for t in tables:
-        table = "outbox_events" if t == "both" else f"m_{t}"
         db.psql(f"CREATE OR REPLACE PROCEDURE m_insert_{t}(n integer) LANGUAGE plpgsql AS $p$ BEGIN "
-                f"FOR i IN 1..n LOOP INSERT INTO {table} (topic, aggregate_id, payload) VALUES ('order.paid', "
+                f"FOR i IN 1..n LOOP INSERT INTO {table_of(t)} (topic, aggregate_id, payload) VALUES ('order.paid', "
                 f"'k' || (1 + i % 1000), jsonb_build_object('order_id', i, 'amount_cents', 1999, 'currency', 'EUR', "
                 f"'note', repeat('x', 44))); COMMIT; END LOOP; END $p$")
     us = {t: [] for t in tables}
     for r in range(a.rounds):
         for t in tables[r % len(tables):] + tables[:r % len(tables)]:
-            table = "outbox_events" if t == "both" else f"m_{t}"
-            db.psql(f"TRUNCATE {table}", "CHECKPOINT")
+            db.psql(f"TRUNCATE {table_of(t)}", "CHECKPOINT")
             out = db.psql("SET synchronous_commit = off", f"CALL m_insert_{t}(1000)",
                           "SELECT set_config('marks.t0', clock_timestamp()::text, false)",
                           f"CALL m_insert_{t}({a.one_backend})",
