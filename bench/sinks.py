@@ -24,6 +24,10 @@ consumer's reads included; also net of the broker's idle CPU, measured for
 --steady-idle-seconds (5 s) just before, with the relay and the consumer attached. Kafka also
 gives commit-to-ack (the broker's LogAppendTime), as bench/kafka/bench.py does.
 
+--broker-own-core (a diagnosis, not the benchmark): each broker, the webhook receiver too, pinned
+to CPU 1 once started; Postgres, this script and what it starts (the relay, the tools) to CPU 0.
+The broker then takes none of the cores the relay and Postgres use, as on its own host.
+
 Prints a table and writes one JSON file (--out)."""
 from __future__ import annotations
 
@@ -112,6 +116,24 @@ def postgres_cpu_seconds(postmaster, stats):
     total = sum(int(x) for x in g[11:15]) if g else 0
     total += sum(int(s[11]) + int(s[12]) for pid, s in stats.items() if int(s[1]) == postmaster)
     return total / HZ
+
+
+def pin_tree(root, cpus, stats=None):
+    """Every thread of root and of its live descendants onto cpus (threads and processes they
+    start later inherit it)."""
+    stats = stats or all_stats()
+    children = {}
+    for pid, g in stats.items():
+        children.setdefault(int(g[1]), []).append(pid)
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setaffinity(int(tid), cpus)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        todo.extend(children.get(pid, []))
 
 
 def machine_busy_seconds():
@@ -768,10 +790,18 @@ class Bench:
         result = {"meta": self.meta(), "config": {k: v for k, v in vars(self.a).items() if k != "url"}, "sinks": {}}
         payloads = self.payloads()
         result["meta"]["payload_bytes"] = payloads["sizes"]
+        if self.a.broker_own_core:
+            # Postgres, this script and what it starts (the relay, the tools) on CPU 0; each
+            # broker, once started, on CPU 1: the broker as it runs in production, on cores of
+            # its own, instead of sharing the relay's and Postgres's.
+            os.sched_setaffinity(0, {0})
+            pin_tree(self.postmaster, {0})
         for name in self.a.sinks.split(","):
             broker = BROKERS[name](self.a, self.work)
             log(f"{name}: starting the broker")
             broker.start()
+            if self.a.broker_own_core:
+                pin_tree(broker.pid, {1})
             entry = {"broker_version": broker.version}
             try:
                 if self.a.warmup:
@@ -891,6 +921,9 @@ def cpu_table(r):
             cells += [" / ".join(f"{u:.1f}" for u in us), f"{busy / med['wall_seconds']:.2f}"]
             if system == "sink" and sum(us) > 0:
                 ceiling = cores / (sum(us) / 1e6)
+                if r["config"].get("broker_own_core") and us[1] > 0:
+                    # one core for Postgres and the relay, one for the broker
+                    ceiling = min(1e6 / (us[0] + us[2]), 1e6 / us[1])
         wheres = [x["sink"]["where"] for x in rounds if x.get("sink", {}).get("where")]
         claims = statistics.median(w["claim_share"] for w in wheres) if wheres else None
         publish = statistics.median(w["publish_share"] for w in wheres) if wheres else None
@@ -977,6 +1010,9 @@ def main():
     p.add_argument("--steady-warmup", type=float, default=3.0)
     p.add_argument("--steady-idle-seconds", type=float, default=5.0,
                    help="the broker's idle CPU is measured this long before the writers start")
+    p.add_argument("--broker-own-core", action="store_true",
+                   help="a diagnosis, not the benchmark: each broker (the webhook receiver too) pinned to CPU 1; "
+                        "Postgres, the relay and the tools to CPU 0")
     p.add_argument("--kafka-partitions", type=int, default=3)
     p.add_argument("--nats-in-flight", type=int, default=1024, help="the nats sink's max_in_flight (its default)")
     p.add_argument("--rabbitmq-in-flight", type=int, default=1000, help="the rabbitmq sink's max_in_flight (default)")
