@@ -928,7 +928,8 @@ def cpu_table(r):
         claims = statistics.median(w["claim_share"] for w in wheres) if wheres else None
         publish = statistics.median(w["publish_share"] for w in wheres) if wheres else None
         if ceiling and target and ceiling < target:
-            bound = f"CPU: {cores} cores cannot reach 0.8"
+            bound = ("CPU: one core for Postgres and the relay cannot reach 0.8" if r["config"].get("broker_own_core")
+                     else f"CPU: {cores} cores cannot reach 0.8")
         elif claims is not None and publish is not None:
             bound = "claims" if claims >= publish else "publish()"
         else:
