@@ -91,23 +91,25 @@ def all_stats():
     return out
 
 
+def tree_pids(root, stats):
+    """root and every live descendant of it, by the parents in stats."""
+    children = {}
+    for pid, g in stats.items():
+        children.setdefault(int(g[1]), []).append(pid)
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            yield pid
+            todo.extend(children.get(pid, []))
+
+
 def tree_cpu_seconds(root, stats=None):
     """utime+stime of root and every live descendant (the broker: a JVM, an Erlang VM under its
     start script, a Go or C server), and cutime+cstime: the children they reaped (Redis' AOF
     rewrite is a fork)."""
     stats = stats or all_stats()
-    children = {}
-    for pid, g in stats.items():
-        children.setdefault(int(g[1]), []).append(pid)
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        g = stats.get(pid)
-        if g is None:
-            continue
-        total += sum(int(x) for x in g[11:15])
-        todo.extend(children.get(pid, []))
-    return total / HZ
+    return sum(sum(int(x) for x in stats[pid][11:15]) for pid in tree_pids(root, stats)) / HZ
 
 
 def postgres_cpu_seconds(postmaster, stats):
@@ -118,22 +120,15 @@ def postgres_cpu_seconds(postmaster, stats):
     return total / HZ
 
 
-def pin_tree(root, cpus, stats=None):
+def pin_tree(root, cpus):
     """Every thread of root and of its live descendants onto cpus (threads and processes they
     start later inherit it)."""
-    stats = stats or all_stats()
-    children = {}
-    for pid, g in stats.items():
-        children.setdefault(int(g[1]), []).append(pid)
-    todo = [root]
-    while todo:
-        pid = todo.pop()
+    for pid in tree_pids(root, all_stats()):
         try:
             for tid in os.listdir(f"/proc/{pid}/task"):
                 os.sched_setaffinity(int(tid), cpus)
         except (FileNotFoundError, ProcessLookupError):
-            continue
-        todo.extend(children.get(pid, []))
+            pass  # gone meanwhile
 
 
 def machine_busy_seconds():
