@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -19,6 +20,18 @@ def file_sink(path):
 
 def ids_in(path):
     return [line["id"] for line in read_jsonl(path)]
+
+
+def lanes_owned(relay):
+    """lanes_owned of the relay's last "ordering lanes rebalanced" line (0 before the first)."""
+    owned = [l["lanes_owned"] for l in relay.logs() if "lanes_owned" in l]
+    return owned[-1] if owned else 0
+
+
+def worker_pids(db: Database):
+    """The backends of the relays' worker sessions (claims, lanes, membership)."""
+    return {r[0] for r in db.query("SELECT pid FROM pg_stat_activity WHERE application_name = 'outbox-relay worker' "
+                                     "AND datname = current_database()")}
 
 
 def assert_per_key_order(lines):
@@ -194,6 +207,45 @@ def test_6_two_relays_deliver_every_id_exactly_once(db, relays, workdir):
     assert_per_key_order(lines_a)
     assert_per_key_order(lines_b)
     assert a.alive() and b.alive()
+    assert a.stop() == 0 and b.stop() == 0
+
+
+def test_6_a_failed_statement_writes_its_outcomes_before_its_lanes_go(db, relays, workdir):
+    """A relay whose worker statement fails while its session stays open (here: cancelled, as a
+    migration's type change fails a prepared statement) writes the outcomes it holds, on its other
+    session, before it closes the failed one and frees its lanes for a peer. A poll's events carry
+    no lease: freed first, a peer takes the lanes and sends again the events delivered whose
+    outcomes were not written yet (test_upgrade's migrate under load from schema 8 once saw 4)."""
+    out_a, out_b = workdir / "a.jsonl", workdir / "b.jsonl"
+    config_a = base_config(db, file_sink(out_a))
+    config_a["database"]["reconnect"] = {"initial": "6s", "max": "6s"}  # waits 3-6 s (equal jitter)
+    a = relays(config_a, name="a")
+    wait_until(lambda: lanes_owned(a) == 64, timeout=15, message="a owns every lane")
+    (pid_a,) = worker_pids(db)
+    b = relays(base_config(db, file_sink(out_b)), name="b")
+    wait_until(lambda: lanes_owned(a) == 32 and lanes_owned(b) == 32, timeout=15, message="32 lanes each")
+
+    # A steady stream, so that a always holds the outcomes of its last polls (written up to ~50 ms
+    # later); a's worker statements are cancelled until one fails (a cancel while idle is ignored).
+    writers = Writers(db, count=2, per_writer=3000, keys=100, batch=5, pause=0.01).start()
+    wait_until(lambda: len(ids_in(out_a)) > 300, timeout=15, message="a delivering the stream")
+    failed = lambda: any(l.get("msg") == "database unavailable, will retry" for l in a.logs())  # noqa: E731
+    deadline = time.monotonic() + 10
+    while not failed() and time.monotonic() < deadline:
+        db.scalar("SELECT pg_cancel_backend(%s)", (pid_a,))
+        time.sleep(0.003)
+    assert failed(), "no worker statement of a was cancelled"
+    # The lanes go at once (b takes them during a's backoff), the events' outcomes before them.
+    wait_until(lambda: lanes_owned(b) == 64, timeout=10, message="b owning a's lanes during a's backoff")
+    a.wait_log("database session restored", timeout=20)
+    writers.join()
+    wait_until(lambda: pending(db) == 0, timeout=60, message="no pending rows")
+    lines_a, lines_b = read_jsonl(out_a), read_jsonl(out_b)
+    got = [l["id"] for l in lines_a] + [l["id"] for l in lines_b]
+    assert len(got) == len(set(got)), f"{len(got) - len(set(got))} events delivered twice"
+    assert sorted(got) == all_ids(db), "every id exactly once across both relays"
+    assert_per_key_order(lines_a)
+    assert_per_key_order(lines_b)
     assert a.stop() == 0 and b.stop() == 0
 
 

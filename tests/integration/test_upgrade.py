@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from conftest import ROOT, Database, base_config, read_jsonl, wait_until
-from test_core import assert_per_key_order, file_sink
+from test_core import assert_per_key_order, file_sink, lanes_owned
 
 TABLE = "outbox_events"
 # The schema versions this checkout ships: schema/NNN_name.sql, numbered 1..NEWEST without a gap.
@@ -145,12 +145,6 @@ class ContinuousWriters:
         except Exception as e:  # noqa: BLE001: any error fails the test, with its text
             with self._lock:
                 self.errors.append(f"writer {w}: {e!r}")
-
-
-def lanes_owned(relay):
-    """lanes_owned of the relay's last "ordering lanes rebalanced" line (0 before the first)."""
-    owned = [l["lanes_owned"] for l in relay.logs() if "lanes_owned" in l]
-    return owned[-1] if owned else 0
 
 
 @pytest.mark.parametrize("old_db", FROM_VERSIONS, indirect=True, ids=lambda v: f"from_v{v}")

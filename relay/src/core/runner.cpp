@@ -229,10 +229,28 @@ void Runner::session() {
   }
 }
 
+void Runner::after_failure() {
+  if (!store_.failed_session_open()) return;  // lost: its lanes are free, the next session writes
+  try {
+    loop_.flush_pending();  // the completer's session, while the failed one still holds the lanes
+  } catch (const StoreUnavailable& e) {
+    log::warn("could not write the outcomes before the failed session's lanes go; a peer may send their events again",
+              {{"error", e.what()}});
+  }
+  store_.close_failed_session();
+}
+
 void Runner::run() {
   health_.loop_running = true;
   next_sweep_ = clock_.now() + options_.sweep_interval;
-  reconnect_.run([this] { session(); });
+  reconnect_.run([this] {
+    try {
+      session();
+    } catch (const StoreUnavailable&) {
+      after_failure();
+      throw;
+    }
+  });
   try {
     loop_.flush_pending();  // outcomes a poll left for the next one
   } catch (const StoreUnavailable& e) {

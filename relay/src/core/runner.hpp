@@ -61,6 +61,7 @@ class Runner {
   // drains and polls on schedule. Returns on stop; throws StoreUnavailable (Reconnect runs it
   // again after the backoff).
   void session();
+  void after_failure();
   // Returns how many events were claimed.
   std::size_t drain(bool probe);
   void maybe_rebalance();

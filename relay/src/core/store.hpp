@@ -39,8 +39,15 @@ struct Completion {
 class Store {
  public:
   virtual ~Store() = default;
-  // Opens the session if it is not open (a no-op when it is). Throws StoreUnavailable.
+  // Opens the session if it is not open (a no-op when it is), or replaces one that failed on a
+  // statement. Throws StoreUnavailable.
   virtual void connect() {}
+  // After a call threw: whether the session failed on a statement and is still open, holding its
+  // lanes (a lost session has freed them already), and closing it, which frees them. Between the
+  // two the runner writes the outcomes the loop holds: a poll's events carry no lease, and a peer
+  // that took the lanes first would claim those events and send them again.
+  virtual bool failed_session_open() const { return false; }
+  virtual void close_failed_session() {}
   // Re-divides the ordering lanes among the live instances. Returns true when this instance
   // gained lanes, which the runner then catches up.
   virtual bool rebalance() { return false; }

@@ -55,6 +55,10 @@ struct PgStore::Impl {
   HintContext hints;                            // names for the operator's hint
   std::unique_ptr<pqxx::connection> conn;       // claims, lanes, membership: the loop thread
   std::unique_ptr<pqxx::connection> done_conn;  // complete(): may run beside a claim
+  // The worker session failed on a statement but is still open: nothing runs on it any more, and
+  // it keeps its lanes until close_failed_session() or connect() drops it, so that the runner can
+  // write the outcomes the loop holds first (Store::failed_session_open).
+  std::atomic<bool> stale{false};
   int member_ns = 0;
   int lane_ns = 0;
   int member_id = 0;
@@ -103,6 +107,7 @@ struct PgStore::Impl {
 
   void drop() {
     conn.reset();
+    stale = false;
     set_owned({});
     state.session_lost();
     holds = {};
@@ -116,7 +121,11 @@ struct PgStore::Impl {
     try {
       return translate_errors(what, std::forward<Fn>(fn), hints);
     } catch (const StoreUnavailable&) {
-      drop();
+      if (conn && conn->is_open()) {
+        stale = true;  // a statement failed: the lanes stay held until connect()
+      } else {
+        drop();
+      }
       throw;
     }
   }
@@ -522,8 +531,15 @@ void PgStore::disconnect() {
   impl_->done_conn.reset();
 }
 
+bool PgStore::failed_session_open() const { return impl_->conn && impl_->stale; }
+
+void PgStore::close_failed_session() {
+  if (impl_->stale) impl_->drop();
+}
+
 void PgStore::connect() {
-  if (impl_->conn) return;
+  if (impl_->conn && !impl_->stale) return;
+  if (impl_->conn) impl_->drop();  // a stale session, with its lanes
   translate_errors(
       "connect",
       [&] {
@@ -862,7 +878,9 @@ std::vector<Event> PgStore::Impl::claim_with_statements(std::size_t limit) {
 
 void PgStore::complete(std::span<const Completion> completions) {
   if (completions.empty()) return;
-  connect();
+  // Not a failed worker session's replacement: its lanes keep these events from peers until the
+  // outcomes are written (Store::failed_session_open).
+  if (!impl_->conn) connect();
   auto& im = *impl_;
   const EncodedCompletions encoded = encode_completions(completions);
   try {

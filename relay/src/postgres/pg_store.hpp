@@ -37,6 +37,8 @@ class PgStore final : public Store {
   ~PgStore() override;
 
   void connect() override;
+  bool failed_session_open() const override;
+  void close_failed_session() override;
   bool rebalance() override;
   std::vector<Event> claim(std::size_t limit) override;
   // Above floor when the table is at schema 3 or later (its claim function takes a floor).

@@ -134,7 +134,11 @@ class FakeStore final : public Store {
   }
   std::vector<Event> probe_claim(std::size_t /*limit*/, std::span<const Completion> c) override {
     probes.push_back(clock_.t);
-    if (fail_probe_at.count(probes.size())) throw StoreUnavailable("connection lost");
+    if (fail_probe_at.count(probes.size())) {
+      unwritten_at_failure.push_back(unwritten.size());
+      failed_open = failures_leave_session_open;
+      throw StoreUnavailable(failed_open ? "canceling statement due to user request" : "connection lost");
+    }
     complete(c);
     if (per_second > 0) {  // a steady stream: what arrived since the last poll
       const auto arrived = static_cast<EventId>(per_second * std::chrono::duration<double>(clock_.t - Time{}).count());
@@ -150,6 +154,11 @@ class FakeStore final : public Store {
       return {event(99)};
     }
     return next_batch();
+  }
+  bool failed_session_open() const override { return failed_open; }
+  void close_failed_session() override {
+    unwritten_at_close.push_back(unwritten.size());
+    failed_open = false;
   }
   void complete(std::span<const Completion> c) override {
     completed.insert(completed.end(), c.begin(), c.end());
@@ -191,6 +200,10 @@ class FakeStore final : public Store {
   double per_second = 0;              // > 0: polls find a steady stream of this many events a second
   EventId streamed = 0;
   int connects = 0;
+  bool failures_leave_session_open = false;       // a failed poll: a statement failed, the session stays
+  bool failed_open = false;                       // Store::failed_session_open
+  std::vector<std::size_t> unwritten_at_failure;  // events polled, outcomes not written: at each failed poll
+  std::vector<std::size_t> unwritten_at_close;    // and at each close_failed_session()
   // Retries another instance scheduled: (visible from, due); visible once this one has the lanes.
   std::vector<std::pair<Time, Time>> foreign_retries;
   std::vector<Time> claims, probes, rebalances, retry_looks;
@@ -561,6 +574,40 @@ TEST_CASE("runner: the backoff starts over after a session worked; a lost poll r
   CHECK(f.waiter.sleeps[1] == milliseconds(250));  // not 500: the session in between worked
   CHECK(f.store.connects == 3);
   CHECK(f.metrics.reconnects == 2);
+}
+
+TEST_CASE("runner: a poll that failed on a statement: its outcomes are written before its session and lanes go") {
+  // A poll's events carry no lease: only the lanes of the session that claimed them keep them from
+  // peers. A session that failed on a statement holds its lanes until it is closed (PgStore), so
+  // the outcomes go first; written after it, a peer that took the lanes in between had sent those
+  // events again (test_upgrade's migrate under load, from schema 8, saw 4).
+  Fixture f;
+  f.store.per_second = 1'000;
+  f.store.fail_probe_at = {40};
+  f.store.failures_leave_session_open = true;
+  f.waiter.stop_at = at(2'000);
+  f.run();
+  REQUIRE(f.store.unwritten_at_failure.size() == 1);
+  CHECK(f.store.unwritten_at_failure[0] > 0);  // delivered, their outcomes delayed (outcome_delay)
+  REQUIRE(f.store.unwritten_at_close.size() == 1);
+  CHECK(f.store.unwritten_at_close[0] == 0);
+  // Then the backoff, as for a lost session.
+  CHECK(f.waiter.sleeps.size() == 1);
+  CHECK(f.store.connects == 2);
+  CHECK(f.metrics.reconnects == 1);
+}
+
+TEST_CASE("runner: a lost session is not asked to close, and its outcomes wait for the next session") {
+  Fixture f;
+  f.store.per_second = 1'000;
+  f.store.fail_probe_at = {40};
+  f.waiter.stop_at = at(2'000);
+  f.run();
+  REQUIRE(f.store.unwritten_at_failure.size() == 1);
+  CHECK(f.store.unwritten_at_failure[0] > 0);
+  CHECK(f.store.unwritten_at_close.empty());
+  CHECK(f.store.connects == 2);
+  CHECK(f.store.unwritten.empty());  // written by the next session, the last at the stop
 }
 
 TEST_CASE("runner: an error that needs an operator waits the cap at once, marks the class, recovers by itself") {
