@@ -576,7 +576,7 @@ TEST_CASE("runner: the backoff starts over after a session worked; a lost poll r
   CHECK(f.metrics.reconnects == 2);
 }
 
-TEST_CASE("runner: a poll that failed on a statement: its outcomes are written before its session and lanes go") {
+TEST_CASE("runner: a poll that fails in a stream: outcomes before the lanes of a session still open") {
   // A poll's events carry no lease: only the lanes of the session that claimed them keep them from
   // peers. A session that failed on a statement holds its lanes until it is closed (PgStore), so
   // the outcomes go first; written after it, a peer that took the lanes in between had sent those
@@ -584,30 +584,24 @@ TEST_CASE("runner: a poll that failed on a statement: its outcomes are written b
   Fixture f;
   f.store.per_second = 1'000;
   f.store.fail_probe_at = {40};
-  f.store.failures_leave_session_open = true;
   f.waiter.stop_at = at(2'000);
-  f.run();
+  SUBCASE("a statement failed, the session is open: its outcomes are written, then it is closed") {
+    f.store.failures_leave_session_open = true;
+    f.run();
+    REQUIRE(f.store.unwritten_at_close.size() == 1);
+    CHECK(f.store.unwritten_at_close[0] == 0);
+  }
+  SUBCASE("the session was lost: nothing to close, the next session writes the outcomes") {
+    f.run();
+    CHECK(f.store.unwritten_at_close.empty());
+  }
   REQUIRE(f.store.unwritten_at_failure.size() == 1);
   CHECK(f.store.unwritten_at_failure[0] > 0);  // delivered, their outcomes delayed (outcome_delay)
-  REQUIRE(f.store.unwritten_at_close.size() == 1);
-  CHECK(f.store.unwritten_at_close[0] == 0);
-  // Then the backoff, as for a lost session.
+  // Either way the backoff, a new session, and every outcome written in the end.
   CHECK(f.waiter.sleeps.size() == 1);
   CHECK(f.store.connects == 2);
   CHECK(f.metrics.reconnects == 1);
-}
-
-TEST_CASE("runner: a lost session is not asked to close, and its outcomes wait for the next session") {
-  Fixture f;
-  f.store.per_second = 1'000;
-  f.store.fail_probe_at = {40};
-  f.waiter.stop_at = at(2'000);
-  f.run();
-  REQUIRE(f.store.unwritten_at_failure.size() == 1);
-  CHECK(f.store.unwritten_at_failure[0] > 0);
-  CHECK(f.store.unwritten_at_close.empty());
-  CHECK(f.store.connects == 2);
-  CHECK(f.store.unwritten.empty());  // written by the next session, the last at the stop
+  CHECK(f.store.unwritten.empty());
 }
 
 TEST_CASE("runner: an error that needs an operator waits the cap at once, marks the class, recovers by itself") {
