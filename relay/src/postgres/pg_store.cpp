@@ -122,7 +122,7 @@ struct PgStore::Impl {
       return translate_errors(what, std::forward<Fn>(fn), hints);
     } catch (const StoreUnavailable&) {
       if (conn && conn->is_open()) {
-        stale = true;  // a statement failed: the lanes stay held until connect()
+        stale = true;  // a statement failed: the lanes stay held until close_failed_session()
       } else {
         drop();
       }
