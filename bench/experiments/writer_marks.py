@@ -173,7 +173,7 @@ def main():
     db = pc.Db(pc.bench_database_url(), a.pg_dir)
     info = setup(db, a.relay_bin, Path(a.work))
     tables = [t for t in TABLES if t in a.tables.split(",")]
-    truncate = "TRUNCATE outbox_events, " + ", ".join(f"m_{t}" for t in TABLES if t != "both") + " RESTART IDENTITY"
+    truncate = "TRUNCATE " + ", ".join(table_of(t) for t in TABLES) + " RESTART IDENTITY"
     if a.one_backend:
         return one_backend(db, tables, a)
     if a.side_by_side:

@@ -58,7 +58,7 @@ struct PgStore::Impl {
   // The worker session failed on a statement but is still open: nothing runs on it any more, and
   // it keeps its lanes until close_failed_session() or connect() drops it, so that the runner can
   // write the outcomes the loop holds first (Store::failed_session_open).
-  std::atomic<bool> stale{false};
+  std::atomic<bool> failed{false};
   int member_ns = 0;
   int lane_ns = 0;
   int member_id = 0;
@@ -107,7 +107,7 @@ struct PgStore::Impl {
 
   void drop() {
     conn.reset();
-    stale = false;
+    failed = false;
     set_owned({});
     state.session_lost();
     holds = {};
@@ -122,7 +122,7 @@ struct PgStore::Impl {
       return translate_errors(what, std::forward<Fn>(fn), hints);
     } catch (const StoreUnavailable&) {
       if (conn && conn->is_open()) {
-        stale = true;  // a statement failed: the lanes stay held until close_failed_session()
+        failed = true;  // a statement failed: the lanes stay held until close_failed_session()
       } else {
         drop();
       }
@@ -531,15 +531,15 @@ void PgStore::disconnect() {
   impl_->done_conn.reset();
 }
 
-bool PgStore::failed_session_open() const { return impl_->conn && impl_->stale; }
+bool PgStore::failed_session_open() const { return impl_->conn && impl_->failed; }
 
 void PgStore::close_failed_session() {
-  if (impl_->stale) impl_->drop();
+  if (impl_->failed) impl_->drop();
 }
 
 void PgStore::connect() {
-  if (impl_->conn && !impl_->stale) return;
-  if (impl_->conn) impl_->drop();  // a stale session, with its lanes
+  if (impl_->conn && !impl_->failed) return;
+  close_failed_session();  // if the runner did not: its lanes go with it
   translate_errors(
       "connect",
       [&] {
