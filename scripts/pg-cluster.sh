@@ -34,6 +34,7 @@ case "$cmd" in
       echo "port = $port"
       echo "unix_socket_directories = '$dir'"
       echo "max_connections = 200"
+      echo "max_prepared_transactions = 20"
       echo "shared_buffers = 256MB"
       if [ "${PG_FAST:-0}" = 1 ]; then echo "fsync = off"; echo "synchronous_commit = off"; fi
     } >> "$dir/data/postgresql.conf"

@@ -63,7 +63,10 @@ nlohmann::json open_writer_json(const outbox::pg::OpenWriterStatus& w) {
           {"wait_event", w.wait_event},
           {"lanes_known", w.lanes_known},
           {"lanes", w.lanes},
-          {"events_held", w.events_held}};
+          {"events_held", w.events_held},
+          {"gid", w.gid},
+          {"owner", w.owner},
+          {"database", w.database}};
 }
 
 int print_status(const outbox::config::Config& c, bool json) {
@@ -101,6 +104,13 @@ int print_status(const outbox::config::Config& c, bool json) {
       std::string lanes = w.lanes_known ? "" : "all (its current statement inserts, or its activity is not visible)";
       for (int lane : w.lanes_known ? w.lanes : std::vector<int>{})
         lanes += (lanes.empty() ? "" : ",") + std::to_string(lane);
+      if (!w.gid.empty()) {
+        // No backend: COMMIT PREPARED or ROLLBACK PREPARED ends it.
+        std::printf("  prepared transaction '%s'  owner %s  database %s  age %.1f s  lanes %s  events held %lld\n",
+                    w.gid.c_str(), w.owner.c_str(), w.database.c_str(), w.xact_age_seconds, lanes.c_str(),
+                    w.events_held);
+        continue;
+      }
       std::printf(
           "  pid %d  application %s  client %s  state %s  age %.1f s  lanes %s  events held %lld\n"
           "    query: %s\n",

@@ -80,6 +80,7 @@ struct Ops::Impl {
   std::string scrape() {
     readiness();  // outbox_relay_ready as of this scrape, not of the last timer tick
     if (lanes_owned) metrics.lanes_owned(lanes_owned());
+    metrics.sequence_cache(health.sequence_cache.load());
     return metrics.scrape();
   }
 
@@ -101,6 +102,7 @@ struct Ops::Impl {
       }
       readiness();
       if (lanes_owned) metrics.lanes_owned(lanes_owned());
+    metrics.sequence_cache(health.sequence_cache.load());
     } while (sleep_until(std::chrono::steady_clock::now() + config.http.refresh_interval));
   }
 

@@ -16,6 +16,10 @@ struct Health {
   // The class of the last failure of each session; read while it is down (/readyz reasons).
   std::atomic<DbErrorClass> store_error{DbErrorClass::kTransient};
   std::atomic<DbErrorClass> listener_error{DbErrorClass::kTransient};
+  // How many ids the table's id sequence hands a session at a time (0: not read yet). Above 1 the
+  // relay cannot tell which ids may still be drawn (schema/010): it applies no reading of the
+  // writers, says so on /readyz and in outbox_relay_sequence_cache.
+  std::atomic<long long> sequence_cache{0};
 };
 
 }  // namespace outbox

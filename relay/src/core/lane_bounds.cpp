@@ -52,7 +52,23 @@ void LaneBounds::track(Time now, LaneMask owned) {
   floor_ = floor;
 }
 
+bool LaneBounds::forget_if_set_back(long long last_id) {
+  // What is known or covered was drawn before: the sequence stood at least there.
+  long long top = -1;
+  for (int lane = 0; lane < kLaneCount; ++lane) top = std::max({top, known_[lane], covered_[lane]});
+  if (last_id >= top) return false;
+  const LaneMask owned = owned_;
+  reset();
+  owned_ = owned;
+  return true;
+}
+
 void LaneBounds::claimed(Time now, LaneMask owned, const LaneIds& lane_bounds, long long last_id) {
+  if (forget_if_set_back(last_id)) {
+    // The claim's bounds came from what was known before (the function claims nothing then).
+    unchanged(now, owned, last_id);
+    return;
+  }
   owned_ = owned;
   last_id_ = last_id;
   covered_ = lane_bounds;
@@ -65,6 +81,7 @@ void LaneBounds::claimed(Time now, LaneMask owned, const LaneIds& lane_bounds, l
 }
 
 void LaneBounds::unchanged(Time now, LaneMask owned, long long last_id) {
+  forget_if_set_back(last_id);
   owned_ = owned;
   last_id_ = last_id;
   track(now, owned);
@@ -77,8 +94,13 @@ void LaneBounds::apply(const WriterReading& reading, const WriterReading& open) 
 }
 
 void LaneBounds::read(Time now, const WriterReading& reading) {
+  forget_if_set_back(reading.last_id);
   read_at_ = now;
   last_reading_ = reading;
+  if (reading.sequence_cache > 1) {
+    pending_.reset();  // nor does one taken before: its ids may be drawn below its last id too
+    return;
+  }
   if (pending_) {
     // Which of the pending reading's holders are still open (a transaction keeps its vxid).
     WriterReading open;

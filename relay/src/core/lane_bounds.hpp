@@ -39,7 +39,11 @@ struct OpenWriter {
   std::string client_addr;
   std::string query;       // the first 200 characters
   std::string wait_event;  // "type:event", or empty
-  double xact_age_seconds = 0;
+  double xact_age_seconds = 0;  // a prepared transaction: since it was prepared
+  // A prepared transaction (schema/010; pid 0): its global id, owner and database.
+  std::string gid;
+  std::string owner;
+  std::string database;
 
   // The lanes whose events it may hold back: its marks, or every lane when it is not complete.
   LaneMask holds() const { return complete ? lanes : ~LaneMask{0}; }
@@ -48,6 +52,9 @@ struct OpenWriter {
 struct WriterReading {
   long long last_id = -1;
   std::vector<OpenWriter> writers;
+  // Ids the sequence hands a session at a time (schema/010). Above 1 a session may draw ids below
+  // last_id later, holding no lock at the reading: such a reading resolves nothing.
+  long long sequence_cache = 1;
 };
 
 // Writers holding back events of this instance's lanes, as the last reading saw them.
@@ -80,7 +87,7 @@ class LaneBounds {
 
   explicit LaneBounds(ReadingPace pace = {}) : pace_(pace) { reset(); }
 
-  // Nothing known (a new session; the table may have been emptied and its sequence restarted).
+  // Nothing known (a new session, or the sequence was set back below what was known).
   void reset();
   // Lanes gained (rebalance): they may hold events below what this instance's claims covered, so
   // polls look from the start in every lane until the next claim. What is resolved stays known.
@@ -95,7 +102,9 @@ class LaneBounds {
   void claimed(Time now, LaneMask owned, const LaneIds& lane_bounds, long long last_id);
   // A poll that returned at once (nothing new): the bounds are as they were.
   void unchanged(Time now, LaneMask owned, long long last_id);
-  // A reading of the writers (taken before a claim).
+  // A reading of the writers (taken before a claim). One whose sequence caches more than one id
+  // per session resolves nothing: every lane then moves on only through ids committed without a
+  // gap (the claim's walk).
   void read(Time now, const WriterReading& reading);
 
   // Before a claim: whether to read the writers first. owned: this instance's lanes.
@@ -122,6 +131,9 @@ class LaneBounds {
 
  private:
   void resolve(long long upto, LaneMask lanes);
+  // The sequence was set back below what is known (TRUNCATE ... RESTART IDENTITY, ALTER SEQUENCE
+  // ... RESTART, setval): forgets what it knew, as at a new session. Returns whether it did.
+  bool forget_if_set_back(long long last_id);
   // Notes when the highest and the lowest bound of the owned lanes last moved.
   void track(Time now, LaneMask owned);
   // Applies a reading whose holders still open (those of `open`) are all complete.

@@ -28,6 +28,8 @@ class Metrics {
   // Open writer transactions holding back events of this instance's lanes (Store::writer_holds):
   // the committed events they hold back and the age of the oldest of them (0, 0: none).
   virtual void writers_holding(std::size_t /*events*/, double /*oldest_writer_seconds*/) {}
+  // How many ids the id sequence hands a session at a time (Health::sequence_cache; 0: not read).
+  virtual void sequence_cache(long long /*ids*/) {}
 };
 
 }  // namespace outbox

@@ -143,6 +143,13 @@ struct PrometheusMetrics::Impl {
                                  "(the log and `outbox-relay status` name it)")
                              .Register(registry)
                              .Add({});
+  Gauge& sequence_cache = prometheus::BuildGauge()
+                              .Name("outbox_relay_sequence_cache")
+                              .Help(
+                                  "Ids the table's id sequence hands a session at a time (CACHE); above 1 the relay "
+                                  "publishes no event past an id not yet visible (schema/010), 0 before it is read")
+                              .Register(registry)
+                              .Add({});
   Counter& retention = prometheus::BuildCounter()
                            .Name("outbox_relay_retention_deleted_total")
                            .Help("Processed rows deleted by relay.retention")
@@ -237,6 +244,8 @@ void PrometheusMetrics::writers_holding(std::size_t events, double oldest_writer
   impl_->held.Set(static_cast<double>(events));
   impl_->oldest_writer.Set(oldest_writer_seconds);
 }
+
+void PrometheusMetrics::sequence_cache(long long ids) { impl_->sequence_cache.Set(static_cast<double>(ids)); }
 
 void PrometheusMetrics::backlog(const BacklogGauges& values) {
   impl_->pending.Set(static_cast<double>(values.pending));

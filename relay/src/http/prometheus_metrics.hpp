@@ -43,6 +43,7 @@ class PrometheusMetrics final : public Metrics {
   void ready(bool is_ready) override;
   void lanes_owned(int count) override;
   void writers_holding(std::size_t events, double oldest_writer_seconds) override;
+  void sequence_cache(long long ids) override;
 
   // Fed by the relay's own timers.
   void backlog(const BacklogGauges& values);

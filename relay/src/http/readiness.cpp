@@ -1,6 +1,7 @@
 #include "http/readiness.hpp"
 
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace outbox::http {
 namespace {
@@ -29,6 +30,10 @@ Readiness evaluate_readiness(const Health& health, const std::vector<const Sink*
         "database.url leads to a transaction pooler: the relay needs a direct or session-pooled connection");
   } else if (!health.store_up.load()) {
     r.reasons.push_back(session_down("database session down", health.store_error.load()));
+  }
+  if (const long long cache = health.sequence_cache.load(); cache > 1) {
+    r.reasons.push_back("the id sequence caches " + std::to_string(cache) +
+                        " ids per session: events wait for every lower id (ALTER SEQUENCE ... CACHE 1 fixes it)");
   }
   if (!health.listener_up.load())
     r.reasons.push_back(session_down("LISTEN session down", health.listener_error.load()));

@@ -86,7 +86,10 @@ std::vector<OpenWriterStatus> query_open_writers(pqxx::transaction_base& tx, con
       table +
       " AS c WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
       "     AND (NOT w.complete OR (w.lanes & (1::bigint << c.lane)) <> 0) "
-      "     AND c.created_at >= clock_timestamp() - coalesce(w.xact_age_seconds, 0) * interval '1 second') "
+      "     AND c.created_at >= clock_timestamp() - coalesce(w.xact_age_seconds, 0) * interval '1 second'), "
+      // Schema 10's columns, NULL before it.
+      "  coalesce(to_jsonb(w) ->> 'gid', ''), coalesce(to_jsonb(w) ->> 'owner', ''), "
+      "  coalesce(to_jsonb(w) ->> 'database', '') "
       "FROM " +
       fn +
       "() AS w WHERE w.vxid IS NOT NULL AND (w.lanes <> 0 OR NOT w.complete) "
@@ -107,6 +110,9 @@ std::vector<OpenWriterStatus> query_open_writers(pqxx::transaction_base& tx, con
       if ((mask >> lane) & 1U) w.lanes.push_back(lane);
     }
     w.events_held = row[9].as<long long>();
+    w.gid = row[10].as<std::string>();
+    w.owner = row[11].as<std::string>();
+    w.database = row[12].as<std::string>();
     out.push_back(std::move(w));
   }
   return out;

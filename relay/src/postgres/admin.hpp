@@ -52,6 +52,10 @@ struct OpenWriterStatus {
   bool lanes_known = false;   // false: it may hold any lane
   std::vector<int> lanes;     // its lane marks
   long long events_held = 0;  // pending events of its lanes committed since it began
+  // A prepared transaction (schema/010; pid 0, state "prepared"): its global id, owner, database.
+  std::string gid;
+  std::string owner;
+  std::string database;
 };
 
 struct StatusReport {

@@ -15,6 +15,7 @@
 #include "postgres/claim_state.hpp"
 #include "postgres/pooler.hpp"
 #include "postgres/session.hpp"
+#include "postgres/sqlstate.hpp"
 
 namespace outbox::pg {
 
@@ -89,6 +90,15 @@ struct PgStore::Impl {
   std::vector<Event> claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe,
                                       std::span<const Completion> completions, long long floor);
   void read_writers(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now);
+  // After a statement that wrote several events' outcomes failed with an error one row can cause
+  // (row_tied_sqlstate): writes them one event at a time on tx's session, and dead-letters, with
+  // the reason, an event whose own outcome cannot be written, so that one row never stalls the
+  // others (a retry of a key too long for the retry index's entries, issue 42).
+  void write_outcomes_one_by_one(pqxx::nontransaction& tx, std::span<const Completion> completions);
+  // A reading's (or a connect's) look at the id sequence's CACHE: health, metric and error log.
+  void sequence_cache_seen(long long cache, std::chrono::steady_clock::time_point now);
+  long long cache_seen = 0;
+  std::chrono::steady_clock::time_point cache_warned_at{};
   // After a reading: the held events (counted at most once a second), the metrics' figures and the
   // warnings for writers that held events back for longer than writer_hold_warning.
   void report_holds(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now);
@@ -388,7 +398,12 @@ void PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
       c.prepare("claim_fn", "SELECT * FROM " + name +
                                 "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, $11::text[])");
     }
-    c.prepare("anything_new", "SELECT (SELECT id FROM " + opt.table + " WHERE id > $1 ORDER BY id LIMIT 1)");
+    // With the last id drawn: one below $1 means the sequence was set back (LaneBounds), and the
+    // claim function must run to say so.
+    c.prepare("anything_new", "SELECT (SELECT id FROM " + opt.table +
+                                  " WHERE id > $1 ORDER BY id LIMIT 1), "
+                                  "coalesce(pg_sequence_last_value(" +
+                                  c.quote(sequence) + "::regclass), 0)");
     // The sweep's look (first_claimable): the claim's predicate, without the head-of-line look.
     c.prepare("sweep_look", "SELECT c.id FROM " + opt.table + " AS c WHERE " + claimable_rows("$1", "$2") +
                                 "AND c.id > $3 AND c.id <= $4 ORDER BY c.id LIMIT 1");
@@ -561,6 +576,11 @@ void PgStore::connect() {
                                    DbErrorClass::kUndefinedObject);
           }
           impl_->sequence = seq[0].as<std::string>();
+          // Said at start too, not only when a reading finds a gap (schema/010).
+          const auto cache = q.exec_params1(
+              "SELECT s.seqcache FROM pg_catalog.pg_sequence AS s WHERE s.seqrelid = $1::pg_catalog.regclass",
+              impl_->sequence);
+          if (!cache[0].is_null()) impl_->sequence_cache_seen(cache[0].as<long long>(), std::chrono::steady_clock::now());
         }
         conn->prepare("fence", impl_->fence_sql);
         impl_->find_claim_function(*conn, true);
@@ -699,7 +719,8 @@ std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool pr
                                                       std::span<const Completion> completions, long long floor) {
   pqxx::nontransaction tx(*conn);
   if (state.ask_anything_new_first(probe, !completions.empty())) {
-    if (tx.exec_prepared1("anything_new", state.floor_id())[0].is_null()) return {};
+    const auto r = tx.exec_prepared1("anything_new", state.floor_id());
+    if (r[0].is_null() && r[1].as<long long>() >= state.floor_id()) return {};
   }
   if (state.by_lanes()) return claim_with_lanes(tx, limit, probe, completions, floor);
   const EncodedCompletions encoded = encode_completions(completions);
@@ -736,15 +757,24 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
   const std::string covered = uniform ? std::string() : lane_literal(lanes.covered());
   // The usual poll (lanes alike, no outcome to write): one statement, the function's answer.
   const bool lean = probe && uniform && lanes.resolved() >= 0 && completions.empty();
+  const auto call_function = [&](std::span<const Completion> outcomes) {
+    const EncodedCompletions encoded = encode_completions(outcomes);
+    return tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()),
+                            owned_literal, static_cast<int>(limit), lanes.resolved(), probe, encoded.delivered,
+                            encoded.others, opt.delete_on_success, floor, uniform ? nullptr : known.c_str(),
+                            uniform ? nullptr : covered.c_str());
+  };
   pqxx::result rows;
   if (lean) {
     rows = tx.exec_prepared("poll_lanes", opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved());
   } else {
-    const EncodedCompletions encoded = encode_completions(completions);
-    rows = tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()), owned_literal,
-                            static_cast<int>(limit), lanes.resolved(), probe, encoded.delivered, encoded.others,
-                            opt.delete_on_success, floor, uniform ? nullptr : known.c_str(),
-                            uniform ? nullptr : covered.c_str());
+    try {
+      rows = call_function(completions);
+    } catch (const pqxx::sql_error& e) {
+      if (completions.empty() || !row_tied_sqlstate(e.sqlstate())) throw;
+      write_outcomes_one_by_one(tx, completions);
+      rows = call_function({});
+    }
   }
   now = std::chrono::steady_clock::now();
   return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
@@ -757,12 +787,40 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
   });
 }
 
+void PgStore::Impl::write_outcomes_one_by_one(pqxx::nontransaction& tx, std::span<const Completion> completions) {
+  for (const Completion& c : completions) {
+    const EncodedCompletions one = encode_completions({&c, 1});
+    try {
+      tx.exec_params(complete_sql, one.delivered, one.others);
+    } catch (const pqxx::sql_error& e) {
+      if (!row_tied_sqlstate(e.sqlstate())) throw;
+      std::string error = e.what();
+      error = error.substr(0, error.find('\n'));
+      const std::string reason = std::string("its outcome (") + completion_kind(c.kind) +
+                                 ") could not be written: " + error + " (SQLSTATE " + e.sqlstate() + ")";
+      // Not in the retry index (dead_lettered_at is set), so this write cannot fail the same way.
+      tx.exec_params("UPDATE " + opt.table +
+                         " SET attempts = attempts + 1, dead_lettered_at = now(), last_error = $2, "
+                         "lease_owner = NULL, lease_until = NULL WHERE id = $1 AND processed_at IS NULL",
+                     static_cast<long long>(c.id), reason);
+      log::error("an event was dead-lettered: its outcome could not be written; the other events flow on",
+                 {{"id", c.id}, {"outcome", completion_kind(c.kind)}, {"error", reason}});
+    }
+  }
+}
+
 void PgStore::Impl::read_writers(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now) {
   const auto rows = tx.exec_prepared("writers");
   WriterReading reading;
+  // Schema 10's columns: a prepared transaction's gid, owner and database; the sequence's cache.
+  const bool named = rows.columns() >= 15;
+  const auto text = [](const pqxx::field& f) { return f.is_null() ? std::string() : f.as<std::string>(); };
   for (const auto& row : rows) {
     reading.last_id = row[0].as<long long>();
-    if (row[1].is_null()) continue;
+    if (row[1].is_null()) {
+      if (named && !row[14].is_null()) reading.sequence_cache = row[14].as<long long>();
+      continue;
+    }
     OpenWriter w;
     w.vxid = row[1].as<std::string>();
     w.pid = row[2].is_null() ? 0 : row[2].as<int>();
@@ -774,9 +832,34 @@ void PgStore::Impl::read_writers(pqxx::nontransaction& tx, std::chrono::steady_c
     w.client_addr = row[8].is_null() ? "" : row[8].as<std::string>();
     w.query = row[9].is_null() ? "" : row[9].as<std::string>();
     w.wait_event = row[10].is_null() ? "" : row[10].as<std::string>();
+    if (named) {
+      w.gid = text(row[11]);
+      w.owner = text(row[12]);
+      w.database = text(row[13]);
+    }
     reading.writers.push_back(std::move(w));
   }
+  sequence_cache_seen(reading.sequence_cache, now);
   state.writers_read(now, reading);
+}
+
+void PgStore::Impl::sequence_cache_seen(long long cache, std::chrono::steady_clock::time_point now) {
+  const long long before = opt.health ? opt.health->sequence_cache.exchange(cache) : cache_seen;
+  cache_seen = cache;
+  if (cache > 1 && (before <= 1 || now - cache_warned_at >= kWriterWarningEvery)) {
+    cache_warned_at = now;
+    log::error(
+        "the id sequence hands out blocks of ids (CACHE > 1): a session may draw an id below the last one drawn "
+        "at any later time, so events wait for every lower id to be committed (no writer reading applies); fix it "
+        "with ALTER SEQUENCE " +
+            sequence + " CACHE 1, then restart the writers' sessions (their cached ids) (schema/010)",
+        {{"table", opt.table}, {"sequence", sequence}, {"cache", cache}});
+  } else if (cache <= 1 && before > 1) {
+    log::warn(
+        "the id sequence draws one id at a time again; sessions connected while it cached more may still draw "
+        "ids from their blocks: restart them, or their events may go out of order (schema/010)",
+        {{"table", opt.table}, {"sequence", sequence}});
+  }
 }
 
 void PgStore::Impl::report_holds(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now) {
@@ -836,7 +919,10 @@ void PgStore::Impl::report_holds(pqxx::nontransaction& tx, std::chrono::steady_c
            {"query", w->query},
            {"lanes", describe_lanes(h.lanes)},
            {"events_held", h.events},
-           {"lanes_known", w->complete}});
+           {"lanes_known", w->complete},
+           {"gid", w->gid},
+           {"owner", w->owner},
+           {"database", w->database}});
     }
     still.emplace(w->vxid, mark);
     next.writers.push_back(std::move(h));
@@ -897,7 +983,12 @@ void PgStore::complete(std::span<const Completion> completions) {
             im.done_conn = std::move(conn);
           }
           pqxx::nontransaction tx(*im.done_conn);
-          tx.exec_prepared1("complete", encoded.delivered, encoded.others);
+          try {
+            tx.exec_prepared1("complete", encoded.delivered, encoded.others);
+          } catch (const pqxx::sql_error& e) {
+            if (!row_tied_sqlstate(e.sqlstate())) throw;
+            im.write_outcomes_one_by_one(tx, completions);
+          }
         },
         im.hints);
   } catch (const StoreUnavailable&) {

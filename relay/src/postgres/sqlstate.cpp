@@ -35,6 +35,15 @@ constexpr std::array kClasses{
     Rule{"28", DbErrorClass::kAuthentication},
 };
 
+constexpr std::array<std::string_view, 6> kRowTied{
+    "54000",  // program_limit_exceeded: "index row size ... exceeds maximum" (a very long key)
+    "22P05",  // untranslatable_character
+    "22021",  // character_not_in_repertoire
+    "22001",  // string_data_right_truncation
+    "23514",  // check_violation (a NOT VALID constraint an old row breaks)
+    "23502",  // not_null_violation
+};
+
 // Fragments of the server's FATAL messages at connection time (src/backend/libpq/auth.c,
 // postinit.c) and of libpq's own (fe-auth.c).
 constexpr std::array kConnectionMessages{
@@ -95,6 +104,13 @@ std::string operator_hint(DbErrorClass kind, const std::string& user, const std:
       return "the database named in database.url does not exist or was dropped: check database.url";
   }
   return {};  // not reached
+}
+
+bool row_tied_sqlstate(std::string_view sqlstate) {
+  for (const auto code : kRowTied) {
+    if (code == sqlstate) return true;
+  }
+  return false;
 }
 
 }  // namespace outbox::pg

@@ -12,6 +12,12 @@ namespace outbox::pg {
 // kOther (retried like a transient error: unknown codes never stop the relay).
 DbErrorClass classify_sqlstate(std::string_view sqlstate);
 
+// Whether a failed statement that wrote the outcomes of several events may have failed on one
+// event's row alone (an index entry too large for its key, a value the server cannot convert, a
+// constraint an old row breaks): the outcomes are then written one event at a time, and an event
+// whose own outcome cannot be written is dead-lettered with the reason. Listed codes only.
+bool row_tied_sqlstate(std::string_view sqlstate);
+
 // The class of a failed connection attempt by libpq's message. libpq gives no SQLSTATE for a
 // refused login (libpqxx 6.4 throws broken_connection with the server's text), so the FATAL
 // messages of an English server are matched; anything else (refused, timed out, lost, a server

@@ -117,7 +117,11 @@ TEST_CASE("lane bounds: claims raise what is known, and a held lane stalls only 
   CHECK_FALSE(b.reading_due(kT0 + 45ms, owned));
   CHECK(b.reading_due(kT0 + 50ms, owned));  // the frontier stalled for 10 ms
   b.read(kT0 + 50ms, {131, {writer("3/7", true, lane_bit(5))}});
-  b.claimed(kT0 + 51ms, owned, bounds, 130);  // 131 was not visible after all: gone
+  // 131 was not visible after all: gone. The reading resolved it in every lane but 5, so the
+  // claim's bounds are there (the function's bound is never below what it was told is known).
+  LaneIds gone = all_lanes(131);
+  gone[5] = 40;
+  b.claimed(kT0 + 51ms, owned, gone, 131);
   CHECK_FALSE(b.reading_due(kT0 + 100ms, owned));
   CHECK(b.reading_due(kT0 + 150ms, owned));
   // The frontier stalls too: every 10 ms.
@@ -156,4 +160,65 @@ TEST_CASE("lane bounds: the writers holding events back and the lanes named") {
   CHECK(describe_lanes(lane_bit(3) | lane_bit(17) | lane_bit(63)) == "3,17,63");
   CHECK(describe_lanes(kAll) == "all");
   CHECK(describe_lanes(0).empty());
+}
+
+TEST_CASE("lane bounds: a sequence set back below what is known starts over, whatever reports it") {
+  // TRUNCATE ... RESTART IDENTITY (or ALTER SEQUENCE ... RESTART) under a running relay: the new
+  // ids 1, 2, ... are below every bound; keeping the bounds would publish them unread (issue 42).
+  const LaneMask owned = kAll;
+  SUBCASE("a claim's last id") {
+    LaneBounds b{kPace};
+    b.set_owned(owned);
+    b.read(kT0, {500, {}});
+    b.claimed(kT0 + 1ms, owned, all_lanes(500), 500);
+    CHECK(b.resolved() == 500);
+    b.claimed(kT0 + 2ms, owned, all_lanes(500), 0);  // the claim's bounds are the old ones: ignored
+    CHECK(b.resolved() == -1);
+    CHECK(b.covered()[7] == -1);
+    CHECK(b.reading_due(kT0 + 2ms, owned));  // a reading comes first again
+    b.read(kT0 + 3ms, {2, {writer("5/1", true, lane_bit(7))}});
+    CHECK(b.known()[7] == -1);  // the writer of new id 1 or 2 holds its lane
+    CHECK(b.known()[8] == 2);
+  }
+  SUBCASE("a poll that found nothing") {
+    LaneBounds b{kPace};
+    b.set_owned(owned);
+    b.read(kT0, {500, {}});
+    b.unchanged(kT0 + 1ms, owned, 3);
+    CHECK(b.resolved() == -1);
+  }
+  SUBCASE("a reading") {
+    LaneBounds b{kPace};
+    b.set_owned(owned);
+    b.read(kT0, {500, {writer("5/1", true, lane_bit(3))}});
+    CHECK(b.known()[4] == 500);
+    b.read(kT0 + 1ms, {4, {writer("6/1", true, lane_bit(4))}});
+    CHECK(b.known()[3] == 4);  // 5/1 ended: what this reading says, and nothing of the old one
+    CHECK(b.known()[4] == -1);
+  }
+  SUBCASE("not when the sequence only moved on") {
+    LaneBounds b{kPace};
+    b.set_owned(owned);
+    b.read(kT0, {500, {}});
+    b.unchanged(kT0 + 1ms, owned, 500);
+    b.unchanged(kT0 + 2ms, owned, 501);
+    CHECK(b.resolved() == 500);
+  }
+}
+
+TEST_CASE("lane bounds: a reading whose sequence caches ids resolves nothing, nor does a pending one") {
+  // With CACHE 20, a session holding no lock may draw an id below the reading's last id later.
+  LaneBounds b{kPace};
+  b.set_owned(kAll);
+  b.read(kT0, {100, {}});
+  CHECK(b.resolved() == 100);
+  b.read(kT0 + 1ms, {200, {writer("7/1", false, 0)}});
+  CHECK(b.reading_pending());
+  WriterReading cached{300, {}};
+  cached.sequence_cache = 20;
+  b.read(kT0 + 12ms, cached);
+  CHECK(b.resolved() == 100);  // neither 200 (pending, 7/1 ended) nor 300
+  CHECK_FALSE(b.reading_pending());
+  b.read(kT0 + 20ms, {320, {}});  // CACHE 1 again
+  CHECK(b.resolved() == 320);
 }

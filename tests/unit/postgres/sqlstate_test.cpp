@@ -11,6 +11,7 @@ using namespace outbox;
 using outbox::pg::classify_connection_failure;
 using outbox::pg::classify_sqlstate;
 using outbox::pg::operator_hint;
+using outbox::pg::row_tied_sqlstate;
 
 TEST_CASE("classify_sqlstate: transient, needs an operator, or other") {
   const std::vector<std::pair<std::string, DbErrorClass>> table{
@@ -121,4 +122,17 @@ TEST_CASE("every class has its label, and exactly four need an operator") {
   CHECK(labels == std::vector<std::string>{"transient", "other", "privilege", "undefined_object", "authentication",
                                            "configuration"});
   CHECK(needing == 4);
+}
+
+TEST_CASE("row_tied_sqlstate: the listed codes of an error one event's row can cause, nothing else") {
+  for (const char* code : {"54000", "22P05", "22021", "22001", "23514", "23502"}) {
+    CAPTURE(code);
+    CHECK(row_tied_sqlstate(code));
+  }
+  // A lost session, a cancel, a deadlock, a missing function, a privilege, an unknown code: the
+  // whole statement is retried as before, and no event is dead-lettered for it.
+  for (const char* code : {"08006", "57014", "40P01", "42883", "42501", "54001", "22", "", "XX000"}) {
+    CAPTURE(code);
+    CHECK_FALSE(row_tied_sqlstate(code));
+  }
 }
