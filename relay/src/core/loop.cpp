@@ -193,7 +193,9 @@ BatchResult RelayLoop::run_once() {
 }
 
 void RelayLoop::hand_back(std::vector<Event>& events) {
-  for (const Event& e : events) pending_.push_back(Completion{e.id, Completion::Kind::kRelease, {}, {}, e.sinks_done});
+  for (const Event& e : events) {
+    pending_.push_back(Completion{e.id, Completion::Kind::kRelease, {}, {}, e.sinks_done, e.created_at_us});
+  }
   events.clear();
 }
 
@@ -390,6 +392,7 @@ std::vector<Completion> RelayLoop::settle(Batch& batch, BatchResult& result, Key
     Batch::Verdict& verdict = batch.verdicts[i];
     Completion c;
     c.id = event.id;
+    c.created_at_us = event.created_at_us;
     c.sinks_done = std::move(verdict.done);
     const std::string& label = verdict.failed_sink ? *verdict.failed_sink : std::string(kNoSink);
     const int attempts = event.attempts + 1;

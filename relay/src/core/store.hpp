@@ -32,6 +32,9 @@ struct Completion {
   std::chrono::milliseconds delay{0};
   std::string error;
   std::vector<std::string> sinks_done;  // the complete new set, when partly delivered
+  // The event's created_at (Event::created_at_us; 0: unknown). An outcome touches no row created
+  // later: after the id sequence was set back, a new row may carry this event's id (schema/010).
+  long long created_at_us = 0;
 };
 
 // Called from the loop thread only, except complete(), which may run on another thread at the same

@@ -12,12 +12,6 @@
 namespace outbox::pg {
 namespace {
 
-void replace_all(std::string& text, const std::string& from, const std::string& to) {
-  for (std::size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos + to.size())) {
-    text.replace(pos, from.size(), to);
-  }
-}
-
 // As admin_failure, except that migrate's own privileges are not the relay's: it creates the
 // table, its functions and the roles.
 DbError migrate_failure(const std::exception& e, const std::string& url, const std::string& table) {

@@ -97,7 +97,16 @@ struct PgStore::Impl {
   void write_outcomes_one_by_one(pqxx::nontransaction& tx, std::span<const Completion> completions);
   // A reading's (or a connect's) look at the id sequence's CACHE: health, metric and error log.
   void sequence_cache_seen(long long cache, std::chrono::steady_clock::time_point now);
+  // At connect and at each rebalance, so that a change is said (and cleared) while the relay is
+  // idle too, not only when a reading finds a gap (schema/010).
+  void look_at_sequence_cache(pqxx::transaction_base& tx) {
+    const auto cache = tx.exec_params1(
+        "SELECT s.seqcache FROM pg_catalog.pg_sequence AS s WHERE s.seqrelid = $1::pg_catalog.regclass", sequence);
+    if (!cache[0].is_null()) sequence_cache_seen(cache[0].as<long long>(), std::chrono::steady_clock::now());
+  }
   long long cache_seen = 0;
+  // Schema 10's claim function (its outcomes touch no row created after their events).
+  bool claim_with_upto = false;
   std::chrono::steady_clock::time_point cache_warned_at{};
   // After a reading: the held events (counted at most once a second), the metrics' figures and the
   // warnings for writers that held events back for longer than writer_hold_warning.
@@ -195,44 +204,65 @@ std::string claimable_rows(const std::string& owner, const std::string& lanes) {
 // retry index, but it put the same soak's commit-to-sink p99 at 98-204 ms a window against 10-17
 // ms without it, so it is not set.)
 std::string lane_poll_sql(const std::string& table, const std::string& sequence_literal) {
-  const std::string& t = table;
-  return "WITH v AS MATERIALIZED ("
-         "  SELECT coalesce(pg_sequence_last_value(" +
-         sequence_literal +
-         "::regclass), 0) AS last, set_config('synchronous_commit', 'off', true) AS async), "
-         "w AS MATERIALIZED ("
-         "  SELECT v.last, CASE WHEN $4::int8 >= v.last THEN $4::int8 "
-         "    WHEN NOT EXISTS (SELECT 1 FROM " +
-         t +
-         " AS f WHERE f.id = $4::int8 + 1) THEN $4::int8 "
-         "    ELSE coalesce((SELECT g.id FROM " +
-         t +
-         " AS g WHERE g.id > $4::int8 AND g.id < v.last "
-         "      AND NOT EXISTS (SELECT 1 FROM " +
-         t +
-         " AS h WHERE h.id = g.id + 1 OFFSET 0) ORDER BY g.id LIMIT 1), v.last) END AS bound "
-         "  FROM v), "
-         "s AS ("
-         "  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done "
-         "    FROM " +
-         t + " AS c WHERE " + claimable_rows("$1", "$2") +
-         "     AND c.id > $4::int8 AND c.id <= (SELECT w.bound FROM w) "
-         "     AND (NOT EXISTS (SELECT 1 FROM " +
-         t +
-         " AS r WHERE r.processed_at IS NULL AND r.dead_lettered_at IS NULL AND r.attempts > 0) "
-         "          OR (SELECT b.id FROM " +
-         t +
-         " AS b WHERE (b.aggregate_id, b.id) >= (c.aggregate_id, 0) "
-         "                AND (b.aggregate_id, b.id) < (c.aggregate_id, c.id) "
-         "                AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL AND b.attempts > 0 "
-         "              ORDER BY b.aggregate_id, b.id LIMIT 1) IS NULL) "
-         "   ORDER BY c.id LIMIT $3 FOR UPDATE OF c SKIP LOCKED) "
-         "SELECT s.id, s.topic, s.aggregate_id, s.payload::text, s.headers::text, NULL::text, "
-         "       (extract(epoch FROM s.created_at) * 1000000)::int8, s.attempts, s.sinks_done, "
-         "       NULL::int8, NULL::int8, NULL::int8[] "
-         "  FROM s "
-         "UNION ALL "
-         "SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last, ARRAY[w.bound] FROM w";
+  // Schema 10's skipped rows, as {prefix}_claim: the rows chosen, then locked (SKIP LOCKED); a row
+  // another transaction holds (FOR SHARE, FOR UPDATE, an operator's UPDATE) stops its lane there
+  // (nothing of the lane above it, the lane's bound below it), and the next claim looks from it
+  // again. FOR NO KEY UPDATE: a foreign key's check (FOR KEY SHARE) holds nothing.
+  std::string sql = R"sql(
+WITH v AS MATERIALIZED (
+  SELECT coalesce(pg_catalog.pg_sequence_last_value({sequence}::pg_catalog.regclass), 0) AS last,
+         pg_catalog.set_config('synchronous_commit', 'off', true) AS async),
+w AS MATERIALIZED (
+  SELECT v.last,
+         CASE WHEN $4::int8 >= v.last THEN $4::int8
+              WHEN NOT EXISTS (SELECT 1 FROM {table} AS f WHERE f.id = $4::int8 + 1) THEN $4::int8
+              ELSE coalesce((SELECT g.id FROM {table} AS g
+                              WHERE g.id > $4::int8 AND g.id < v.last
+                                AND NOT EXISTS (SELECT 1 FROM {table} AS h WHERE h.id = g.id + 1 OFFSET 0)
+                              ORDER BY g.id LIMIT 1), v.last) END AS bound
+    FROM v),
+chosen AS MATERIALIZED (
+  SELECT c.id, c.lane::smallint AS lane
+    FROM {table} AS c
+   WHERE {claimable}
+     AND c.id > $4::int8 AND c.id <= (SELECT w.bound FROM w)
+     AND (NOT EXISTS (SELECT 1 FROM {table} AS r
+                       WHERE r.processed_at IS NULL AND r.dead_lettered_at IS NULL AND r.attempts > 0)
+          OR (SELECT b.id FROM {table} AS b
+               WHERE (b.aggregate_id, b.id) >= (c.aggregate_id, 0) AND (b.aggregate_id, b.id) < (c.aggregate_id, c.id)
+                 AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL AND b.attempts > 0
+               ORDER BY b.aggregate_id, b.id LIMIT 1) IS NULL)
+   ORDER BY c.id LIMIT $3),
+locked AS MATERIALIZED (
+  SELECT c.id, c.lane::smallint AS lane, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts,
+         c.sinks_done
+    FROM {table} AS c
+   WHERE c.id = ANY(ARRAY(SELECT ch.id FROM chosen AS ch))
+     AND c.processed_at IS NULL AND c.dead_lettered_at IS NULL
+     AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM $1))
+     FOR NO KEY UPDATE OF c SKIP LOCKED),
+stop AS (
+  SELECT ch.lane, min(ch.id) AS first
+    FROM chosen AS ch WHERE NOT EXISTS (SELECT 1 FROM locked AS k WHERE k.id = ch.id) GROUP BY ch.lane)
+SELECT k.id, k.topic, k.aggregate_id, k.payload::text, k.headers::text, NULL::text,
+       (extract(epoch FROM k.created_at) * 1000000)::int8, k.attempts, k.sinks_done,
+       NULL::int8, NULL::int8, NULL::int8[]
+  FROM locked AS k
+ WHERE NOT EXISTS (SELECT 1 FROM stop AS x WHERE x.lane = k.lane AND x.first < k.id)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last,
+       CASE WHEN NOT EXISTS (SELECT 1 FROM stop) THEN ARRAY[w.bound]
+            ELSE (SELECT array_agg(least(w.bound,
+                                         coalesce((SELECT x.first - 1 FROM stop AS x WHERE x.lane = g.n), w.bound),
+                                         CASE WHEN (SELECT count(*) FROM chosen) >= $3
+                                              THEN (SELECT max(ch.id) FROM chosen AS ch) ELSE w.bound END)
+                                   ORDER BY g.n)
+                    FROM generate_series(0, 63) AS g(n)) END
+  FROM w)sql";
+  replace_all(sql, "{claimable}", claimable_rows("$1", "$2"));
+  replace_all(sql, "{table}", table);
+  replace_all(sql, "{sequence}", sequence_literal);
+  return sql;
 }
 
 // Reads the columns shared by both claim forms: id, topic, key, payload, headers, created_at,
@@ -265,6 +295,9 @@ Event event_from_row(const pqxx::row& row) {
 struct EncodedCompletions {
   std::string delivered;
   std::string others;
+  // The latest created_at of these events ("infinity" if one is unknown): no outcome touches a
+  // row created after it (a new row under a reused id, schema/010).
+  std::string created_upto;
 };
 
 const char* completion_kind(Completion::Kind kind) {
@@ -280,7 +313,11 @@ const char* completion_kind(Completion::Kind kind) {
 EncodedCompletions encode_completions(std::span<const Completion> completions) {
   std::vector<long long> delivered;
   nlohmann::json others = nlohmann::json::array();
+  long long upto_us = 0;
+  bool unknown = false;
   for (const auto& c : completions) {
+    upto_us = std::max(upto_us, c.created_at_us);
+    unknown = unknown || c.created_at_us == 0;
     if (c.kind == Completion::Kind::kDelivered) {
       delivered.push_back(c.id);
       continue;
@@ -291,7 +328,8 @@ EncodedCompletions encode_completions(std::span<const Completion> completions) {
     others.push_back(std::move(item));
   }
   return {int_array(delivered.data(), delivered.data() + delivered.size()),
-          others.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+          others.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+          unknown ? std::string("infinity") : rfc3339_utc(upto_us)};
 }
 
 // The claim function's answer: the claimed rows (in id order), then one row whose id is NULL, the
@@ -329,6 +367,11 @@ constexpr const char* kClaimFunctionFloorArgs =
 // Schema 5's: a floor and what is known and covered per lane, instead of the reading.
 constexpr const char* kClaimFunctionLaneArgs =
     "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[])";
+
+// Schema 10's claim: the lane-by-lane one with the outcomes' created_at bound (claim_fn_lanes).
+constexpr const char* kClaimFunctionExactArgs =
+    "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[], "
+    "timestamptz)";
 
 std::string lane_literal(const LaneIds& ids) { return int_array(ids.data(), ids.data() + ids.size()); }
 
@@ -378,9 +421,13 @@ void PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
   const auto seen = state.compare(functions, at_connect);
   if (seen.prepare) {
     if (with_lanes) {
+      claim_with_upto =
+          pqxx::nontransaction(c).exec_params1("SELECT to_regprocedure($1) IS NOT NULL", name + kClaimFunctionExactArgs)[0]
+              .as<bool>();
       c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
                                       "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
-                                      "$11::bigint[], $12::bigint[])");
+                                      "$11::bigint[], $12::bigint[]" +
+                                      (claim_with_upto ? ", $13::timestamptz)" : ")"));
       c.prepare("poll_lanes", lane_poll_sql(opt.table, c.quote(sequence)));
       c.prepare("writers", "SELECT * FROM " + function_prefix(opt.table) + "_writers()");
       // The committed events of held lanes above their bounds (the metrics' held events).
@@ -482,10 +529,11 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   // drain waits for this statement before it claims again, so a flush stalled by other I/O
   // (100-400 ms on a busy VM) held back every event behind it.
   const std::string done_sql = impl_->opt.delete_on_success
-                                   ? "DELETE FROM " + t + " WHERE id = ANY($1::bigint[])"
+                                   ? "DELETE FROM " + t + " WHERE id = ANY($1::bigint[]) AND created_at <= $3::timestamptz"
                                    : "UPDATE " + t +
                                          " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
-                                         "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL";
+                                         "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL "
+                                         "AND created_at <= $3::timestamptz";
   impl_->complete_sql =
       "WITH done AS (" + done_sql +
       "), failed AS ("
@@ -499,7 +547,7 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
       "  dead_lettered_at = CASE WHEN r.kind = 'dead' THEN now() ELSE NULL END, "
       "  sinks_done = r.sinks_done, lease_owner = NULL, lease_until = NULL "
       "FROM jsonb_to_recordset($2::jsonb) AS r(id bigint, kind text, delay_ms bigint, error text, sinks_done text[]) "
-      "WHERE e.id = r.id AND e.processed_at IS NULL "
+      "WHERE e.id = r.id AND e.processed_at IS NULL AND e.created_at <= $3::timestamptz "
       "  AND e.id = ANY(ARRAY(SELECT (f->>'id')::bigint FROM jsonb_array_elements($2::jsonb) AS f))) "
       "SELECT set_config('synchronous_commit', 'off', true)";
 }
@@ -570,17 +618,16 @@ void PgStore::connect() {
           // planner looking up an index's actual end for a bound near it (first_claimable says why).
           q.exec0("SET enable_seqscan = off");
           q.exec0("SET plan_cache_mode = force_generic_plan");
+          // Statements of a few milliseconds at most: never worth compiling (a plan whose cost is
+          // inflated by a disabled node would be, for hundreds of milliseconds).
+          q.exec0("SET jit = off");
           const auto seq = q.exec_params1("SELECT pg_get_serial_sequence($1, 'id')", impl_->opt.table);
           if (seq[0].is_null()) {
             throw StoreUnavailable("table " + impl_->opt.table + " has no id sequence: run `outbox-relay migrate`",
                                    DbErrorClass::kUndefinedObject);
           }
           impl_->sequence = seq[0].as<std::string>();
-          // Said at start too, not only when a reading finds a gap (schema/010).
-          const auto cache = q.exec_params1(
-              "SELECT s.seqcache FROM pg_catalog.pg_sequence AS s WHERE s.seqrelid = $1::pg_catalog.regclass",
-              impl_->sequence);
-          if (!cache[0].is_null()) impl_->sequence_cache_seen(cache[0].as<long long>(), std::chrono::steady_clock::now());
+          impl_->look_at_sequence_cache(q);
         }
         conn->prepare("fence", impl_->fence_sql);
         impl_->find_claim_function(*conn, true);
@@ -659,6 +706,7 @@ bool PgStore::rebalance() {
                                                 {"lanes_released", release.size()}});
       }
       im.set_owned(std::move(owned));
+      im.look_at_sequence_cache(tx);
       return !gained.empty();
     }();
     const auto& functions = im.state.functions();
@@ -759,10 +807,17 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
   const bool lean = probe && uniform && lanes.resolved() >= 0 && completions.empty();
   const auto call_function = [&](std::span<const Completion> outcomes) {
     const EncodedCompletions encoded = encode_completions(outcomes);
-    return tx.exec_prepared("claim_fn_lanes", opt.instance_id, static_cast<long long>(opt.lease.count()),
-                            owned_literal, static_cast<int>(limit), lanes.resolved(), probe, encoded.delivered,
-                            encoded.others, opt.delete_on_success, floor, uniform ? nullptr : known.c_str(),
-                            uniform ? nullptr : covered.c_str());
+    const auto lease_ms = static_cast<long long>(opt.lease.count());
+    const char* known_arg = uniform ? nullptr : known.c_str();
+    const char* covered_arg = uniform ? nullptr : covered.c_str();
+    if (claim_with_upto) {
+      return tx.exec_prepared("claim_fn_lanes", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
+                              lanes.resolved(), probe, encoded.delivered, encoded.others, opt.delete_on_success, floor,
+                              known_arg, covered_arg, encoded.created_upto);
+    }
+    return tx.exec_prepared("claim_fn_lanes", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
+                            lanes.resolved(), probe, encoded.delivered, encoded.others, opt.delete_on_success, floor,
+                            known_arg, covered_arg);
   };
   pqxx::result rows;
   if (lean) {
@@ -791,7 +846,7 @@ void PgStore::Impl::write_outcomes_one_by_one(pqxx::nontransaction& tx, std::spa
   for (const Completion& c : completions) {
     const EncodedCompletions one = encode_completions({&c, 1});
     try {
-      tx.exec_params(complete_sql, one.delivered, one.others);
+      tx.exec_params(complete_sql, one.delivered, one.others, one.created_upto);
     } catch (const pqxx::sql_error& e) {
       if (!row_tied_sqlstate(e.sqlstate())) throw;
       std::string error = e.what();
@@ -984,7 +1039,7 @@ void PgStore::complete(std::span<const Completion> completions) {
           }
           pqxx::nontransaction tx(*im.done_conn);
           try {
-            tx.exec_prepared1("complete", encoded.delivered, encoded.others);
+            tx.exec_prepared1("complete", encoded.delivered, encoded.others, encoded.created_upto);
           } catch (const pqxx::sql_error& e) {
             if (!row_tied_sqlstate(e.sqlstate())) throw;
             im.write_outcomes_one_by_one(tx, completions);

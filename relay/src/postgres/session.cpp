@@ -9,6 +9,12 @@
 
 namespace outbox::pg {
 
+void replace_all(std::string& text, const std::string& from, const std::string& to) {
+  for (std::size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos + to.size())) {
+    text.replace(pos, from.size(), to);
+  }
+}
+
 std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role) {
   auto conn = std::make_unique<pqxx::connection>(url);
 #pragma GCC diagnostic push

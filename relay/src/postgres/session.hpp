@@ -14,6 +14,9 @@ namespace outbox::pg {
 // re-LISTENs, re-takes its locks and catches up) and application_name set.
 std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role);
 
+// Replaces every `from` in text with `to` (the placeholders of migrations and whole statements).
+void replace_all(std::string& text, const std::string& from, const std::string& to);
+
 // Names for the operator's hint (postgres/sqlstate.hpp): the login role and the outbox table.
 struct HintContext {
   std::string user;
