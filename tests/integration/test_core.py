@@ -71,7 +71,10 @@ def test_migrate_is_idempotent_and_roles_are_least_privilege(db):
             for forbidden in ("SELECT payload FROM outbox_events",
                               "UPDATE outbox_events SET processed_at = now()",
                               "DELETE FROM outbox_events",
-                              "SELECT * FROM outbox_claim('w', 1, '{}', 1, -1, false, '{}', '[]', false, -1, '{}')"):
+                              "SELECT * FROM outbox_claim('w', 1, '{}', 1, -1, false, '{}', '[]', false, -1, '{}')",
+                              "SELECT * FROM outbox_claim('w', 1, '{}', 1, -1, false, '{}', '[]', false, -1, NULL, NULL, "
+                              "'infinity')",
+                              "SELECT * FROM outbox_writers()"):
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     w.execute(forbidden)
     finally:

@@ -145,6 +145,8 @@ int run_relay(const config::Config& config) {
     store.connect();
   } catch (const pg::TransactionPoolerDetected& e) {
     throw config::ConfigError(e.what());
+  } catch (const pg::SchemaTooOld& e) {
+    throw std::runtime_error(e.what());  // exit 1 with the migrate hint: nothing runs on an older schema
   } catch (const StoreUnavailable&) {
   }
 

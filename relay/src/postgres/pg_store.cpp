@@ -68,11 +68,9 @@ struct PgStore::Impl {
   std::string owned_literal = "{}";
   std::mt19937 rng{std::random_device{}()};
 
-  std::string claim_sql, fence_sql, complete_sql;
+  std::string complete_sql;
   std::string sequence;  // the id sequence, schema-qualified
-  // The claim functions found (schema 2's {prefix}_claim: one round trip per claim, and polls
-  // that return at once when nothing new was committed; without it, schema 1's two statements,
-  // looked for again at every rebalance), resolved, the writers' reading, quiet and fenced.
+  // The lane bounds, the writers' reading, quiet and fenced.
   ClaimState state;
   // What the operator sees of the writers holding events back (Store::writer_holds).
   WriterHolds holds;
@@ -83,12 +81,10 @@ struct PgStore::Impl {
   };
   std::map<std::string, Warned> warned;  // by vxid, the writers holding events back now
 
-  std::vector<Event> claim_with_function(std::size_t limit, bool probe, std::span<const Completion> completions,
-                                         long long floor);
-  std::vector<Event> claim_with_statements(std::size_t limit);
-  // Schema 5: reads the writers first when due (LaneBounds::reading_due), then claims.
-  std::vector<Event> claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe,
-                                      std::span<const Completion> completions, long long floor);
+  // Reads the writers first when due (LaneBounds::reading_due), then claims: the lean poll while
+  // every lane is alike, else the claim function lane by lane.
+  std::vector<Event> claim_lanes(std::size_t limit, bool probe, std::span<const Completion> completions,
+                                 long long floor);
   void read_writers(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now);
   // After a statement that wrote several events' outcomes failed with an error one row can cause
   // (row_tied_sqlstate): writes them one event at a time on tx's session, and dead-letters, with
@@ -105,14 +101,13 @@ struct PgStore::Impl {
     if (!cache[0].is_null()) sequence_cache_seen(cache[0].as<long long>(), std::chrono::steady_clock::now());
   }
   long long cache_seen = 0;
-  // Schema 10's claim function (its outcomes touch no row created after their events).
-  bool claim_with_upto = false;
   std::chrono::steady_clock::time_point cache_warned_at{};
   // After a reading: the held events (counted at most once a second), the metrics' figures and the
   // warnings for writers that held events back for longer than writer_hold_warning.
   void report_holds(pqxx::nontransaction& tx, std::chrono::steady_clock::time_point now);
-  // Looks for the claim function and prepares it on c; at_connect: c is a new session.
-  void find_claim_function(pqxx::connection& c, bool at_connect);
+  // Refuses a table whose schema is older than this relay's (SchemaTooOld), then prepares the
+  // session's statements on c.
+  void prepare_statements(pqxx::connection& c);
 
   void set_owned(std::set<int> lanes_now) {
     owned = std::move(lanes_now);
@@ -170,8 +165,8 @@ struct PgStore::Impl {
 namespace {
 
 // The rows of table alias c that a claim may take: not delivered nor dead-lettered, due, the lease
-// clear or expired and not this instance's (owner), in its lanes: schema 1's claim statement and
-// the sweep's look (schema 2's claim function states the same in SQL).
+// clear or expired and not this instance's (owner), in its lanes: the lean poll and the sweep's
+// look (the claim function states the same in SQL).
 std::string claimable_rows(const std::string& owner, const std::string& lanes) {
   return "c.processed_at IS NULL AND c.dead_lettered_at IS NULL AND c.next_attempt_at <= now() "
          "AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM " +
@@ -359,17 +354,8 @@ std::string claim_function_name(const std::string& table) { return function_pref
 // commits; an InitPlan runs it once.
 constexpr const char* kNoFlushWait = " AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' ";
 
+// Schema 10's claim function, lane by lane (the only one this relay calls).
 constexpr const char* kClaimFunctionArgs =
-    "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, text[])";
-// Schema 3's: the same and a floor.
-constexpr const char* kClaimFunctionFloorArgs =
-    "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, text[], bigint)";
-// Schema 5's: a floor and what is known and covered per lane, instead of the reading.
-constexpr const char* kClaimFunctionLaneArgs =
-    "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[])";
-
-// Schema 10's claim: the lane-by-lane one with the outcomes' created_at bound (claim_fn_lanes).
-constexpr const char* kClaimFunctionExactArgs =
     "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[], "
     "timestamptz)";
 
@@ -401,75 +387,50 @@ constexpr auto kHeldCountEvery = std::chrono::seconds(1);
 
 }  // namespace
 
-void PgStore::Impl::find_claim_function(pqxx::connection& c, bool at_connect) {
+void PgStore::Impl::prepare_statements(pqxx::connection& c) {
   const std::string name = claim_function_name(opt.table);
-  bool found = false;
-  bool with_floor = false;
-  bool with_lanes = false;
   {
     pqxx::nontransaction q(c);
+    // The schema this relay was built for; an older one is refused (`migrate` first: it runs
+    // online, writers and older relays keep working through it).
     const auto r = q.exec_params1(
-        "SELECT to_regprocedure($1) IS NOT NULL, to_regprocedure($2) IS NOT NULL, "
-        "to_regprocedure($3) IS NOT NULL AND to_regprocedure($4) IS NOT NULL",
-        name + kClaimFunctionArgs, name + kClaimFunctionFloorArgs, name + kClaimFunctionLaneArgs,
-        function_prefix(opt.table) + "_writers()");
-    found = r[0].as<bool>();
-    with_floor = r[1].as<bool>();
-    with_lanes = r[2].as<bool>();
+        "SELECT (SELECT max(m.version) FROM outbox_schema_migrations AS m WHERE m.table_name = $1), "
+        "to_regprocedure($2) IS NOT NULL",
+        opt.table, name + kClaimFunctionArgs);
+    const int version = r[0].is_null() ? 0 : r[0].as<int>();
+    if (version < kSchemaVersion || !r[1].as<bool>()) throw SchemaTooOld(opt.table, version);
   }
-  const ClaimFunctions functions{found, with_floor, with_lanes};
-  const auto seen = state.compare(functions, at_connect);
-  if (seen.prepare) {
-    if (with_lanes) {
-      claim_with_upto =
-          pqxx::nontransaction(c).exec_params1("SELECT to_regprocedure($1) IS NOT NULL", name + kClaimFunctionExactArgs)[0]
-              .as<bool>();
-      c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
-                                      "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
-                                      "$11::bigint[], $12::bigint[]" +
-                                      (claim_with_upto ? ", $13::timestamptz)" : ")"));
-      c.prepare("poll_lanes", lane_poll_sql(opt.table, c.quote(sequence)));
-      c.prepare("writers", "SELECT * FROM " + function_prefix(opt.table) + "_writers()");
-      // The committed events of held lanes above their bounds (the metrics' held events).
-      c.prepare("held_count", "SELECT c.lane, count(*) FROM " + opt.table +
-                                  " AS c "
-                                  "WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
-                                  "AND c.lane = ANY($1::smallint[]) AND c.id > $2 AND c.id <= $3 "
-                                  "AND c.id > ($4::bigint[])[c.lane + 1] GROUP BY c.lane");
-    }
-    if (with_floor) {
-      c.prepare("claim_fn_floor", "SELECT * FROM " + name +
-                                      "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
-                                      "$11::text[], $12)");
-    } else {
-      c.prepare("claim_fn", "SELECT * FROM " + name +
-                                "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, $11::text[])");
-    }
-    // With the last id drawn: one below $1 means the sequence was set back (LaneBounds), and the
-    // claim function must run to say so.
-    c.prepare("anything_new", "SELECT (SELECT id FROM " + opt.table +
-                                  " WHERE id > $1 ORDER BY id LIMIT 1), "
-                                  "coalesce(pg_sequence_last_value(" +
-                                  c.quote(sequence) + "::regclass), 0)");
-    // The sweep's look (first_claimable): the claim's predicate, without the head-of-line look.
-    c.prepare("sweep_look", "SELECT c.id FROM " + opt.table + " AS c WHERE " + claimable_rows("$1", "$2") +
-                                "AND c.id > $3 AND c.id <= $4 ORDER BY c.id LIMIT 1");
-  }
-  if (!at_connect && seen.changed && found) {
-    log::info("schema upgraded: claiming through " + name + "()" +
-                  (with_lanes   ? " lane by lane"
-                   : with_floor ? " with a floor"
-                                : ""),
-              {{"table", opt.table}});
-  }
-  if (!found && at_connect) {
-    log::warn(
-        "the outbox schema is at version 1: run `outbox-relay migrate`; until then each claim takes two "
-        "statements and writers pay for the NOTIFY trigger",
-        {{"table", opt.table}});
-  }
-  state.use(functions, seen);
+  c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
+                                  "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
+                                  "$11::bigint[], $12::bigint[], $13::timestamptz)");
+  c.prepare("poll_lanes", lane_poll_sql(opt.table, c.quote(sequence)));
+  c.prepare("writers", "SELECT * FROM " + function_prefix(opt.table) + "_writers()");
+  // The committed events of held lanes above their bounds (the metrics' held events).
+  c.prepare("held_count", "SELECT c.lane, count(*) FROM " + opt.table +
+                              " AS c "
+                              "WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
+                              "AND c.lane = ANY($1::smallint[]) AND c.id > $2 AND c.id <= $3 "
+                              "AND c.id > ($4::bigint[])[c.lane + 1] GROUP BY c.lane");
+  // With the last id drawn: one below $1 means the sequence was set back (LaneBounds), and the
+  // claim must run to say so.
+  c.prepare("anything_new", "SELECT (SELECT id FROM " + opt.table +
+                                " WHERE id > $1 ORDER BY id LIMIT 1), "
+                                "coalesce(pg_sequence_last_value(" +
+                                c.quote(sequence) + "::regclass), 0)");
+  // The sweep's look (first_claimable): the claim's predicate, without the head-of-line look.
+  c.prepare("sweep_look", "SELECT c.id FROM " + opt.table + " AS c WHERE " + claimable_rows("$1", "$2") +
+                              "AND c.id > $3 AND c.id <= $4 ORDER BY c.id LIMIT 1");
 }
+
+SchemaTooOld::SchemaTooOld(const std::string& table, int version)
+    : StoreUnavailable("table " + table + " is at schema version " + std::to_string(version) +
+                           (version == 0 ? " (not migrated)" : "") + "; this relay needs version " +
+                           std::to_string(kSchemaVersion) +
+                           ": run `outbox-relay migrate` with the same config first (it runs online; writers and "
+                           "relays of the previous version keep working through it)",
+                       DbErrorClass::kUndefinedObject,
+                       // A hint of its own: translate_errors passes it on as it is (run.cpp tells it apart).
+                       "run `outbox-relay migrate` with the same config") {}
 
 PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->opt = std::move(options);
@@ -478,51 +439,6 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->member_ns = advisory_key("outbox-relay:members:" + t);
   impl_->lane_ns = advisory_key("outbox-relay:lanes:" + t);
 
-  // One statement: choose due, unleased rows of our lanes in id order, skipping rows locked by a
-  // concurrent claim or operator tool, and not overtaking an earlier event of the same key that
-  // waits for a retry (head-of-line per key); lease them; commit at once.
-  impl_->claim_sql = "UPDATE " + t +
-                     " AS e SET lease_owner = $1, lease_until = now() + $2 * interval '1 millisecond' "
-                     // By id = ANY(array), primary-key lookups: a join to the chosen rows may be planned, on an
-                     // empty table's statistics, as a walk of the whole table per claim (schema/003).
-                     "WHERE e.id = ANY(ARRAY(SELECT c.id FROM " +
-                     t +
-                     " AS c "
-                     "       WHERE " +
-                     claimable_rows("$1", "$3") +
-                     "         AND c.id <= $5 "
-                     "         AND NOT EXISTS (SELECT 1 FROM " +
-                     t +
-                     " AS b "
-                     "                          WHERE b.aggregate_id = c.aggregate_id AND b.id < c.id "
-                     "                            AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL "
-                     "                            AND b.attempts > 0 AND b.next_attempt_at > now()) "
-                     "       ORDER BY c.id LIMIT $4 FOR UPDATE SKIP LOCKED)) "
-                     // The lease need not survive a database crash (kNoFlushWait).
-                     + kNoFlushWait +
-                     "RETURNING e.id, e.topic, e.aggregate_id, e.payload::text, e.headers::text, "
-                     "  to_char(e.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
-                     "  (extract(epoch FROM e.created_at) * 1000000)::int8, e.attempts, e.sinks_done";
-  // The claim bound: min(the smallest fence of the writers open now, the last id drawn so far),
-  // read in a statement of its own before the claim statement takes its snapshot. Every id at or
-  // below it was drawn by a transaction that is no longer open (an open one would hold a fence
-  // below its ids), so all of them are already visible to the claim or will never be: no later
-  // commit can put an earlier id of a key behind one published now. Ids drawn after this reading
-  // are above the bound and wait for the next claim. $1 is the table's id sequence.
-  // The last id is read before the locks (the subquery, kept apart by OFFSET 0, yields its row
-  // before the projection runs the lock scan): a writer that takes its fence and draws an id
-  // between the two readings then has an id above the bound (schema/002 explains why the other
-  // order is wrong).
-  impl_->fence_sql =
-      "SELECT v.last, (SELECT coalesce(min((l.classid::int8 << 32 | l.objid::int8) & 1099511627775), "
-      "                                9223372036854775807) "
-      "                FROM pg_locks AS l WHERE l.locktype = 'advisory' AND l.objsubid = 1 "
-      "                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-      "                AND (l.classid::int8 << 32 | l.objid::int8) >> 40 = " +
-      std::to_string(fence_tag(t)) +
-      ") "
-      "     , to_regprocedure($2) IS NOT NULL "
-      "FROM (SELECT coalesce(pg_sequence_last_value($1::regclass), 0) AS last OFFSET 0) AS v";
   // Complete: one autocommit statement (one round trip, one commit) for a whole batch: $1 the
   // delivered ids, marked or deleted; $2 the other outcomes as a JSON array. Unreferenced
   // data-modifying CTEs still run. The commit does not wait for the WAL flush (kNoFlushWait): the
@@ -608,7 +524,6 @@ void PgStore::connect() {
       [&] {
         auto conn = open_session(impl_->opt.url, "worker");
         impl_->check_own_backend(*conn);  // before any lock or prepared statement
-        conn->prepare("claim", impl_->claim_sql);
         {
           pqxx::nontransaction q(*conn);
           // Every statement of this session reads a narrow id range or a partial index; a new or
@@ -629,8 +544,7 @@ void PgStore::connect() {
           impl_->sequence = seq[0].as<std::string>();
           impl_->look_at_sequence_cache(q);
         }
-        conn->prepare("fence", impl_->fence_sql);
-        impl_->find_claim_function(*conn, true);
+        impl_->prepare_statements(*conn);
         // Membership: one advisory lock per live instance, counted by every peer in pg_locks.
         pqxx::nontransaction tx(*conn);
         std::uniform_int_distribution<int> pick(1, 0x7ffffffe);
@@ -709,11 +623,6 @@ bool PgStore::rebalance() {
       im.look_at_sequence_cache(tx);
       return !gained.empty();
     }();
-    const auto& functions = im.state.functions();
-    if (!functions.plain || !functions.floor ||
-        !functions.lanes) {  // before schema 5: look for the newer claim function
-      im.find_claim_function(*im.conn, false);
-    }
     return gained_any;
   });
 }
@@ -725,7 +634,7 @@ std::vector<Event> PgStore::claim_above(std::size_t limit, long long floor) {
 }
 
 std::vector<Event> PgStore::probe_claim(std::size_t limit, std::span<const Completion> completions) {
-  if (impl_->state.poll_in_two_steps()) {  // schema 1, or no lanes yet
+  if (impl_->owned.empty()) {  // no lanes yet
     complete(completions);
     return claim(limit);
   }
@@ -738,8 +647,7 @@ std::vector<Event> PgStore::claim_or_probe(std::size_t limit, bool probe, std::s
   auto& im = *impl_;
   if (im.owned.empty()) return {};
   return im.on_worker("claim", [&] {
-    auto events = im.state.by_function() ? im.claim_with_function(limit, probe, completions, floor)
-                                         : im.claim_with_statements(limit);
+    auto events = im.claim_lanes(limit, probe, completions, floor);
     std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.id < b.id; });
     return events;
   });
@@ -763,34 +671,13 @@ std::optional<std::chrono::milliseconds> PgStore::retry_due_in() {
   });
 }
 
-std::vector<Event> PgStore::Impl::claim_with_function(std::size_t limit, bool probe,
-                                                      std::span<const Completion> completions, long long floor) {
+std::vector<Event> PgStore::Impl::claim_lanes(std::size_t limit, bool probe, std::span<const Completion> completions,
+                                              long long floor) {
   pqxx::nontransaction tx(*conn);
   if (state.ask_anything_new_first(probe, !completions.empty())) {
     const auto r = tx.exec_prepared1("anything_new", state.floor_id());
     if (r[0].is_null() && r[1].as<long long>() >= state.floor_id()) return {};
   }
-  if (state.by_lanes()) return claim_with_lanes(tx, limit, probe, completions, floor);
-  const EncodedCompletions encoded = encode_completions(completions);
-  const auto lease_ms = static_cast<long long>(opt.lease.count());
-  const auto rows =
-      state.functions().floor
-          ? tx.exec_prepared("claim_fn_floor", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
-                             state.resolved(), probe, encoded.delivered, encoded.others, opt.delete_on_success,
-                             state.reading_last(), state.reading_holders(), floor)
-          : tx.exec_prepared("claim_fn", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
-                             state.resolved(), probe, encoded.delivered, encoded.others, opt.delete_on_success,
-                             state.reading_last(), state.reading_holders());
-  return split_claim_rows(rows, [&](const pqxx::row& row, const std::vector<Event>& events) {
-    const std::optional<long long> reading_last =
-        row[11].is_null() ? std::nullopt : std::optional<long long>(row[11].as<long long>());
-    state.function_claimed(probe, limit, events.size(), row[9].as<long long>(), row[10].as<long long>(), reading_last,
-                           std::string_view(row[12].c_str(), row[12].size()));
-  });
-}
-
-std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std::size_t limit, bool probe,
-                                                   std::span<const Completion> completions, long long floor) {
   // The reading first, in statements of its own: the claim's snapshot comes after it.
   auto now = std::chrono::steady_clock::now();
   if (state.reading_due(now)) {
@@ -810,14 +697,9 @@ std::vector<Event> PgStore::Impl::claim_with_lanes(pqxx::nontransaction& tx, std
     const auto lease_ms = static_cast<long long>(opt.lease.count());
     const char* known_arg = uniform ? nullptr : known.c_str();
     const char* covered_arg = uniform ? nullptr : covered.c_str();
-    if (claim_with_upto) {
-      return tx.exec_prepared("claim_fn_lanes", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
-                              lanes.resolved(), probe, encoded.delivered, encoded.others, opt.delete_on_success, floor,
-                              known_arg, covered_arg, encoded.created_upto);
-    }
     return tx.exec_prepared("claim_fn_lanes", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
                             lanes.resolved(), probe, encoded.delivered, encoded.others, opt.delete_on_success, floor,
-                            known_arg, covered_arg);
+                            known_arg, covered_arg, encoded.created_upto);
   };
   pqxx::result rows;
   if (lean) {
@@ -989,32 +871,6 @@ void PgStore::Impl::report_holds(pqxx::nontransaction& tx, std::chrono::steady_c
   }
   holds = std::move(next);
   warned = std::move(still);
-}
-
-std::vector<Event> PgStore::Impl::claim_with_statements(std::size_t limit) {
-  // Two autocommit statements, two round trips: the fence bound, then the claim, which takes
-  // its snapshot after the bound was read (see fence_sql) and commits without a WAL flush.
-  std::vector<Event> events;
-  {
-    pqxx::nontransaction tx(*conn);
-    const auto bound = tx.exec_prepared1("fence", sequence, claim_function_name(opt.table) + kClaimFunctionArgs);
-    if (!bound[2].as<bool>()) {
-      const long long last_id = bound[0].as<long long>();
-      const long long fence = bound[1].as<long long>();
-      const auto rows =
-          tx.exec_prepared("claim", opt.instance_id, static_cast<long long>(opt.lease.count()), owned_literal,
-                           static_cast<long long>(limit), ClaimState::statement_bound(last_id, fence));
-      state.statements_claimed(limit, rows.size(), last_id, fence);
-      events.reserve(rows.size());
-      for (const auto& row : rows) events.push_back(event_from_row(row));
-      return events;
-    }
-  }
-  // Schema 2 arrived: its writers take no fences, so this bound is void. (The function was looked
-  // up after the locks were read and the last id before them: writers without a fence began after
-  // the migration committed, and a migration that committed before the last id was read is seen.)
-  find_claim_function(*conn, false);
-  return claim_with_function(limit, false, {}, 0);
 }
 
 void PgStore::complete(std::span<const Completion> completions) {

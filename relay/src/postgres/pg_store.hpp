@@ -69,6 +69,17 @@ class PgStore final : public Store {
   std::unique_ptr<Impl> impl_;
 };
 
+// The schema version this relay runs on (schema/NNN_*.sql; migrations_test checks it is the last).
+// `run` refuses an older one: `migrate` first.
+inline constexpr int kSchemaVersion = 10;
+
+// The table's schema is older than kSchemaVersion (or the table is not migrated). At start `run`
+// exits with this message; at a later connect the runner retries, /readyz says why.
+class SchemaTooOld : public StoreUnavailable {
+ public:
+  SchemaTooOld(const std::string& table, int version);
+};
+
 // Deterministic 31-bit key for advisory locks, from a text (FNV-1a).
 int advisory_key(const std::string& text);
 

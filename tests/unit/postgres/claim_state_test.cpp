@@ -1,5 +1,5 @@
-// PgStore's claim state (postgres/claim_state.hpp) driven directly, one schema path at a time:
-// what a claim sends, what a poll asks first, when a watch or a sweep range is offered.
+// PgStore's claim state (postgres/claim_state.hpp) driven directly: what a claim sends, what a
+// poll asks first, when a watch or a sweep range is offered.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -15,15 +15,10 @@ namespace {
 
 constexpr LaneMask kAll = ~LaneMask{0};
 const ClaimState::Time kT0{};
-const ClaimFunctions kSchema1{false, false, false};
-const ClaimFunctions kSchema2{true, false, false};
-const ClaimFunctions kSchema3{true, true, false};
-const ClaimFunctions kSchema5{true, true, true};
 
-// A state at `schema`, found on a new session, owning `owned`.
-ClaimState at(const ClaimFunctions& schema, LaneMask owned = kAll) {
+// A state owning `owned`, as on a new session.
+ClaimState at(LaneMask owned = kAll) {
   ClaimState s;
-  s.use(schema, s.compare(schema, true));
   s.set_owned(owned);
   return s;
 }
@@ -32,162 +27,17 @@ using outbox::testing::all_lanes;
 
 }  // namespace
 
-TEST_CASE("claim state: a look at the schema says what to prepare") {
-  ClaimState s;
-  CHECK_FALSE(s.compare(kSchema1, true).prepare);  // schema 1: nothing to prepare, nothing new
-  CHECK_FALSE(s.compare(kSchema1, true).changed);
-  s.use(kSchema1, s.compare(kSchema1, true));
-  CHECK_FALSE(s.by_function());
-
-  // The claim function appears (a `migrate` beside a running relay): prepared on this session.
-  const auto seen = s.compare(kSchema2, false);
-  CHECK(seen.prepare);
-  CHECK(seen.changed);
-  s.use(kSchema2, seen);
-  CHECK(s.by_function());
-  CHECK_FALSE(s.functions().floor);
-  CHECK_FALSE(s.by_lanes());
-
-  CHECK_FALSE(s.compare(kSchema2, false).prepare);  // the same again: nothing to do
-  CHECK_FALSE(s.compare(kSchema2, false).changed);
-  CHECK(s.compare(kSchema2, true).prepare);  // a new session prepares what it uses
-  CHECK(s.compare(kSchema3, false).changed);
-  CHECK(s.compare(kSchema5, false).changed);
-  CHECK_FALSE(s.compare(ClaimFunctions{false, true, true}, true).prepare);  // no plain function: schema 1's path
-}
-
-TEST_CASE("claim state: the lane bounds start afresh when lane statements are prepared") {
-  ClaimState s = at(kSchema5);
-  s.writers_read(kT0, {100, {}});
-  CHECK(s.lanes().resolved() == 100);
-  s.use(kSchema5, s.compare(kSchema5, false));  // unchanged: kept
-  CHECK(s.lanes().resolved() == 100);
-  s.use(kSchema5, s.compare(kSchema5, true));  // a new session: afresh
-  CHECK(s.lanes().resolved() == -1);
-}
-
-TEST_CASE("claim state: schema 1 claims up to the lowest fence, and is fenced below an open writer") {
-  ClaimState s = at(kSchema1);
-  CHECK(s.poll_in_two_steps());
-  CHECK(ClaimState::statement_bound(120, 100) == 100);
-  CHECK(ClaimState::statement_bound(120, 9'223'372'036'854'775'807) == 120);  // no writer open
-
-  s.statements_claimed(500, 3, 120, 100);  // a writer's fence at 100, ids drawn up to 120
-  CHECK(s.fenced());
-  s.statements_claimed(500, 500, 120, 100);  // a full batch: claim again at once, not a poll
-  CHECK_FALSE(s.fenced());
-  s.statements_claimed(500, 3, 120, 130);  // the fence is above every id drawn
-  CHECK_FALSE(s.fenced());
-
-  // Schema 1 offers no watch, no sweep range, no reading.
-  CHECK_FALSE(s.watch_from(true));
-  CHECK_FALSE(s.sweep_upto(true));
-  CHECK_FALSE(s.reading_pending());
-  CHECK_FALSE(s.ask_anything_new_first(true, false));
-}
-
-TEST_CASE("claim state: schema 2 and 3 poll the claim function, then ask 'anything new?' while quiet") {
-  for (const auto& schema : {kSchema2, kSchema3}) {
-    CAPTURE(schema.floor);
-    ClaimState s = at(schema);
-    CHECK_FALSE(s.poll_in_two_steps());
-    CHECK(s.resolved() == -1);
-    CHECK(s.reading_last() == -1);
-    CHECK(s.reading_holders() == "{}");
-    CHECK_FALSE(s.ask_anything_new_first(true, false));  // nothing resolved yet: the function first
-
-    s.function_claimed(false, 500, 7, 100, 100, std::nullopt, "");  // a drain's claim
-    CHECK(s.resolved() == 100);
-    CHECK_FALSE(s.quiet());  // not a poll
-    CHECK_FALSE(s.fenced());
-    CHECK_FALSE(s.watch_from(true));
-    CHECK(s.sweep_upto(true) == 100);
-    CHECK_FALSE(s.sweep_upto(false));  // no session
-
-    s.function_claimed(true, 500, 0, 100, 100, std::nullopt, "");  // a poll that found nothing
-    CHECK(s.quiet());
-    CHECK(s.floor_id() == 100);
-    CHECK(s.ask_anything_new_first(true, false));
-    CHECK_FALSE(s.ask_anything_new_first(true, true));    // outcomes to write: the function carries them
-    CHECK_FALSE(s.ask_anything_new_first(false, false));  // a claim, not a poll
-    CHECK(s.watch_from(true) == 100);
-    CHECK_FALSE(s.watch_from(false));
-
-    s.function_claimed(true, 500, 2, 90, 100, std::nullopt, "");  // a lower bound never lowers resolved
-    CHECK(s.resolved() == 100);
-    CHECK_FALSE(s.quiet());  // it found events
-    CHECK_FALSE(s.ask_anything_new_first(true, false));
-  }
-}
-
-TEST_CASE("claim state: schema 2 keeps the function's reading of open writers until it resolves") {
-  ClaimState s = at(kSchema2);
-  // An open writer drew ids 101..120; the function resolved up to 100 and read the writers.
-  s.function_claimed(true, 500, 0, 100, 120, 120, "{3/7}");
-  CHECK(s.fenced());  // held back below the last id: poll again soon
-  CHECK(s.quiet());
-  CHECK(s.reading_pending());
-  CHECK(s.reading_last() == 120);
-  CHECK(s.reading_holders() == "{3/7}");
-  CHECK_FALSE(s.watch_from(true));               // fenced: no watch, the runner polls
-  CHECK(s.ask_anything_new_first(true, false));  // quiet with resolved known: the probe asks above 100
-
-  // The writer committed: the next call resolves past its ids and drops the reading.
-  s.function_claimed(true, 500, 20, 120, 120, std::nullopt, "");
-  CHECK(s.resolved() == 120);
-  CHECK_FALSE(s.fenced());
-  CHECK_FALSE(s.reading_pending());
-  CHECK(s.reading_last() == -1);
-  CHECK(s.reading_holders() == "{3/7}");  // kept, and sent with reading_last -1 (ignored then)
-
-  // A full batch below the last id is not fenced: the drain claims again at once.
-  s.function_claimed(false, 500, 500, 600, 900, std::nullopt, "");
-  CHECK_FALSE(s.fenced());
-}
-
-TEST_CASE("claim state: a watch waits above the pending reading's last id") {
-  ClaimState s = at(kSchema2);
-  // Quiet, not held back, and a reading whose last id is above resolved (not yet checked).
-  s.function_claimed(true, 500, 0, 100, 100, 104, "{3/7}");
-  CHECK_FALSE(s.fenced());
-  CHECK(s.watch_from(true) == 104);
-}
-
-TEST_CASE("claim state: lanes gained and a lost session make the next claim look from the start") {
-  ClaimState s = at(kSchema2);
-  s.function_claimed(true, 500, 0, 100, 120, 120, "{3/7}");
-  s.lanes_gained();
-  CHECK(s.resolved() == -1);
-  CHECK(s.reading_last() == 120);  // the reading stays: its writers may still be open
-  CHECK_FALSE(s.ask_anything_new_first(true, false));
-  CHECK_FALSE(s.watch_from(true));
-  CHECK_FALSE(s.sweep_upto(true));
-
-  s.function_claimed(true, 500, 0, 100, 100, std::nullopt, "");
-  CHECK(s.watch_from(true) == 100);
-  s.session_lost();
-  CHECK(s.owned() == 0);
-  CHECK(s.poll_in_two_steps());
-  CHECK(s.resolved() == -1);
-  CHECK(s.reading_last() == -1);
-  CHECK_FALSE(s.reading_pending());
-  CHECK(s.quiet());  // kept, but with resolved unknown nothing relies on it
-  CHECK_FALSE(s.ask_anything_new_first(true, false));
-  CHECK_FALSE(s.watch_from(true));
-}
-
 TEST_CASE("claim state: no lanes owned, no watch (its drains would claim nothing, again and again)") {
-  ClaimState s = at(kSchema2, 0);
-  CHECK(s.poll_in_two_steps());
-  s.function_claimed(true, 500, 0, 100, 100, std::nullopt, "");
+  ClaimState s = at(0);
+  s.writers_read(kT0, {100, {}});
+  s.lanes_claimed(kT0, true, 500, 0, all_lanes(100), 100);
   CHECK_FALSE(s.watch_from(true));
-  CHECK(s.sweep_upto(true) == 100);
+  CHECK_FALSE(s.reading_due(kT0));
 }
 
-TEST_CASE("claim state: schema 5 reads the writers first, then claims lane by lane") {
+TEST_CASE("claim state: the writers are read first, then claims go lane by lane") {
   const LaneMask owned = lane_bit(0) | lane_bit(1) | lane_bit(2);
-  ClaimState s = at(kSchema5, owned);
-  CHECK(s.by_lanes());
+  ClaimState s = at(owned);
   CHECK(s.reading_due(kT0));  // nothing known: read first
   CHECK(s.floor_id() == -1);
   s.writers_read(kT0, {100, {}});  // nobody open: every lane resolved up to 100
@@ -224,8 +74,8 @@ TEST_CASE("claim state: schema 5 reads the writers first, then claims lane by la
   CHECK_FALSE(s.fenced());
 }
 
-TEST_CASE("claim state: schema 5 with a reading pending polls through the claim function") {
-  ClaimState s = at(kSchema5);
+TEST_CASE("claim state: with a reading pending a poll goes through the claim") {
+  ClaimState s = at();
   s.writers_read(kT0, {100, {}});
   s.lanes_claimed(kT0, true, 500, 0, all_lanes(100), 100);
   CHECK(s.ask_anything_new_first(true, false));
@@ -242,7 +92,7 @@ TEST_CASE("claim state: schema 5 with a reading pending polls through the claim 
 }
 
 TEST_CASE("claim state: lanes gained uncover every lane; a lost session forgets them") {
-  ClaimState s = at(kSchema5);
+  ClaimState s = at();
   s.writers_read(kT0, {100, {}});
   s.lanes_claimed(kT0, true, 500, 0, all_lanes(100), 100);
   s.lanes_gained();

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "postgres/migrations.hpp"
+#include "postgres/pg_store.hpp"
 
 using outbox::pg::embedded_migrations;
 using outbox::pg::render_migration;
@@ -12,6 +13,10 @@ TEST_CASE("migrations are embedded in version order") {
   REQUIRE(!m.empty());
   CHECK(m.front().version == 1);
   for (std::size_t i = 1; i < m.size(); ++i) CHECK(m[i].version > m[i - 1].version);
+}
+
+TEST_CASE("the relay runs on the newest embedded schema, which `run` requires") {
+  CHECK(embedded_migrations().back().version == outbox::pg::kSchemaVersion);
 }
 
 TEST_CASE("placeholders are filled for the default and custom tables") {
