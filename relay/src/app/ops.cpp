@@ -102,7 +102,7 @@ struct Ops::Impl {
       }
       readiness();
       if (lanes_owned) metrics.lanes_owned(lanes_owned());
-    metrics.sequence_cache(health.sequence_cache.load());
+      metrics.sequence_cache(health.sequence_cache.load());
     } while (sleep_until(std::chrono::steady_clock::now() + config.http.refresh_interval));
   }
 

@@ -9,7 +9,7 @@
 
 #include "core/db_error.hpp"
 #include "core/event.hpp"
-#include "core/lane_bounds.hpp"
+#include "core/writer_holds.hpp"
 
 namespace outbox {
 

@@ -1,6 +1,6 @@
 #pragma once
 // What PgStore knows between claims: how far every id is committed or gone in each lane (the lane
-// bounds of core/lane_bounds, fed by {prefix}_writers and {prefix}_claim), whether the last poll
+// bounds of postgres/lane_bounds, fed by {prefix}_writers and {prefix}_claim), whether the last poll
 // found nothing (quiet) or was held back by an open writer or a locked row (fenced). A pure state
 // machine: no I/O, no libpq types, time comes in as arguments; PgStore feeds it what its statements
 // return and asks it what to send next.
@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <optional>
 
-#include "core/lane_bounds.hpp"
+#include "postgres/lane_bounds.hpp"
 
 namespace outbox::pg {
 

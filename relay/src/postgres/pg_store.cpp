@@ -10,9 +10,9 @@
 #include <random>
 #include <set>
 
-#include "core/lane_bounds.hpp"
 #include "log/log.hpp"
 #include "postgres/claim_state.hpp"
+#include "postgres/lane_bounds.hpp"
 #include "postgres/pooler.hpp"
 #include "postgres/session.hpp"
 #include "postgres/sqlstate.hpp"
@@ -444,12 +444,13 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   // data-modifying CTEs still run. The commit does not wait for the WAL flush (kNoFlushWait): the
   // drain waits for this statement before it claims again, so a flush stalled by other I/O
   // (100-400 ms on a busy VM) held back every event behind it.
-  const std::string done_sql = impl_->opt.delete_on_success
-                                   ? "DELETE FROM " + t + " WHERE id = ANY($1::bigint[]) AND created_at <= $3::timestamptz"
-                                   : "UPDATE " + t +
-                                         " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
-                                         "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL "
-                                         "AND created_at <= $3::timestamptz";
+  const std::string done_sql =
+      impl_->opt.delete_on_success
+          ? "DELETE FROM " + t + " WHERE id = ANY($1::bigint[]) AND created_at <= $3::timestamptz"
+          : "UPDATE " + t +
+                " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
+                "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL "
+                "AND created_at <= $3::timestamptz";
   impl_->complete_sql =
       "WITH done AS (" + done_sql +
       "), failed AS ("

@@ -11,7 +11,7 @@
 
 namespace outbox::pg {
 
-using outbox::kLaneCount;  // fixed by the schema's lane column (core/lane_bounds.hpp)
+using outbox::kLaneCount;  // fixed by the schema's lane column (core/writer_holds.hpp)
 
 // No defaults here: config/config.hpp holds them, app/options.hpp builds these from a Config.
 struct PgStoreOptions {

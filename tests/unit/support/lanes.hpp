@@ -1,6 +1,6 @@
 #pragma once
-// Test support: lane bounds (core/lane_bounds.hpp) written briefly.
-#include "core/lane_bounds.hpp"
+// Test support: lane bounds (postgres/lane_bounds.hpp) written briefly.
+#include "postgres/lane_bounds.hpp"
 
 namespace outbox::testing {
 

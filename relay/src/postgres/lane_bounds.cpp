@@ -1,8 +1,8 @@
-#include "core/lane_bounds.hpp"
+#include "postgres/lane_bounds.hpp"
 
 #include <algorithm>
 
-namespace outbox {
+namespace outbox::pg {
 
 void LaneBounds::reset() {
   known_.fill(-1);
@@ -166,15 +166,4 @@ std::vector<const OpenWriter*> writers_holding(const WriterReading& reading, Lan
   return out;
 }
 
-std::string describe_lanes(LaneMask lanes) {
-  if (lanes == ~LaneMask{0}) return "all";
-  std::string out;
-  for (int lane = 0; lane < kLaneCount; ++lane) {
-    if ((lanes & lane_bit(lane)) == 0) continue;
-    if (!out.empty()) out += ',';
-    out += std::to_string(lane);
-  }
-  return out;
-}
-
-}  // namespace outbox
+}  // namespace outbox::pg

@@ -1,7 +1,8 @@
 #pragma once
-// What the relay knows, lane by lane, of the ids that may still commit (schema/005), and when it
-// reads the writers again. A pure state machine: no I/O, time comes in as arguments; the Postgres
-// store feeds it the claim function's results and the readings of {prefix}_writers.
+// What the relay knows, lane by lane, of the ids that may still commit (schema/005, 010), and when
+// it reads the writers again. A pure state machine: no I/O, time comes in as arguments; the
+// Postgres store feeds it the claim's results and the readings of {prefix}_writers. Postgres-only:
+// it lives beside postgres/claim_state, which holds it.
 //
 // The rule (schema/005 states the argument): a lane is resolved up to an id when every id up to it
 // in that lane is committed or gone for good. A claim publishes a lane's events only up to the
@@ -12,42 +13,14 @@
 //  - a reading with a holder that is not complete resolves the same once every such holder has
 //    ended (seen gone from a later reading), and every lane once every holder has ended.
 // Knowledge only grows: a lane resolved up to v stays so (new ids are drawn above v).
-#include <array>
 #include <chrono>
-#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
-namespace outbox {
+#include "core/writer_holds.hpp"
 
-inline constexpr int kLaneCount = 64;  // fixed by the schema's lane column
-using LaneIds = std::array<long long, kLaneCount>;
-using LaneMask = std::uint64_t;  // bit n: lane n
-
-inline constexpr LaneMask lane_bit(int lane) { return LaneMask{1} << lane; }
-
-// A transaction that held ROW EXCLUSIVE on the outbox at a reading.
-struct OpenWriter {
-  std::string vxid;       // its virtual transaction id: the identity across readings
-  int pid = 0;            // its backend
-  bool complete = false;  // its lane marks cover every id it drew up to the reading's last id
-  LaneMask lanes = 0;     // its lane marks
-  // For the operator (pg_stat_activity; empty when not visible).
-  std::string state;
-  std::string application;
-  std::string client_addr;
-  std::string query;       // the first 200 characters
-  std::string wait_event;  // "type:event", or empty
-  double xact_age_seconds = 0;  // a prepared transaction: since it was prepared
-  // A prepared transaction (schema/010; pid 0): its global id, owner and database.
-  std::string gid;
-  std::string owner;
-  std::string database;
-
-  // The lanes whose events it may hold back: its marks, or every lane when it is not complete.
-  LaneMask holds() const { return complete ? lanes : ~LaneMask{0}; }
-};
+namespace outbox::pg {
 
 struct WriterReading {
   long long last_id = -1;
@@ -55,18 +28,6 @@ struct WriterReading {
   // Ids the sequence hands a session at a time (schema/010). Above 1 a session may draw ids below
   // last_id later, holding no lock at the reading: such a reading resolves nothing.
   long long sequence_cache = 1;
-};
-
-// Writers holding back events of this instance's lanes, as the last reading saw them.
-struct WriterHold {
-  OpenWriter writer;
-  LaneMask lanes = 0;      // this instance's lanes whose events it holds back
-  std::size_t events = 0;  // committed events of those lanes held back (as last counted)
-};
-struct WriterHolds {
-  std::size_t events = 0;            // committed events held back by open writers (as last counted)
-  double oldest_writer_seconds = 0;  // the age of the oldest writer transaction holding events back; 0: none
-  std::vector<WriterHold> writers;
 };
 
 // How often the writers are read while events are held back.
@@ -157,7 +118,4 @@ class LaneBounds {
 // The writers of a reading that hold back events of `held` lanes: not complete, or marks in them.
 std::vector<const OpenWriter*> writers_holding(const WriterReading& reading, LaneMask held);
 
-// Lanes of a mask as "3,17,42" (every lane: "all").
-std::string describe_lanes(LaneMask lanes);
-
-}  // namespace outbox
+}  // namespace outbox::pg

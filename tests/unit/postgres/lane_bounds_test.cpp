@@ -1,14 +1,15 @@
-// What is resolved lane by lane, and when the writers are read (core/lane_bounds.hpp): the state
+// What is resolved lane by lane, and when the writers are read (postgres/lane_bounds.hpp): the state
 // machine driven directly, time passed in.
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <string>
 
-#include "core/lane_bounds.hpp"
+#include "postgres/lane_bounds.hpp"
 #include "support/lanes.hpp"
 
 using namespace outbox;
+using namespace outbox::pg;
 using namespace std::chrono_literals;
 
 namespace {
