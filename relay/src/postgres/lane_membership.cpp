@@ -1,0 +1,80 @@
+// Lane membership: one advisory lock per live instance, counted by every peer; about 64/N lanes
+// each, taken and released between batches (docs/design.md, "Lanes").
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "log/log.hpp"
+#include "postgres/pg_store_impl.hpp"
+
+namespace outbox::pg {
+
+bool PgStore::rebalance() {
+  connect();
+  auto& im = *impl_;
+  return im.on_worker("rebalance", [&] {
+    // A scope of its own: its transaction ends before find_claim_function() opens one.
+    const bool gained_any = [&] {
+      pqxx::nontransaction tx(*im.conn);
+      const auto members = tx.exec_params(
+          "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted "
+          "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+          "AND classid::int8 = $1 ORDER BY objid",
+          im.member_ns);
+      int index = -1;
+      for (std::size_t i = 0; i < members.size(); ++i) {
+        if (members[i][0].as<long long>() == im.member_id) index = static_cast<int>(i);
+      }
+      if (index < 0) throw StoreUnavailable("this instance's membership lock is gone");
+      const int n = static_cast<int>(members.size());
+      std::set<int> target;
+      for (int lane = index; lane < kLaneCount; lane += n) target.insert(lane);
+
+      std::vector<int> release, wanted;
+      std::set_difference(im.owned.begin(), im.owned.end(), target.begin(), target.end(), std::back_inserter(release));
+      std::set_difference(target.begin(), target.end(), im.owned.begin(), im.owned.end(), std::back_inserter(wanted));
+      std::set<int> owned = im.owned;
+      if (!release.empty()) {
+        tx.exec_params("SELECT pg_advisory_unlock($1, l) FROM unnest($2::int[]) AS l", im.lane_ns,
+                       int_array(release.data(), release.data() + release.size()));
+        for (int lane : release) owned.erase(lane);
+      }
+      std::vector<int> gained;
+      if (!wanted.empty()) {
+        const auto got = tx.exec_params("SELECT l FROM unnest($2::int[]) AS l WHERE pg_try_advisory_lock($1, l)",
+                                        im.lane_ns, int_array(wanted.data(), wanted.data() + wanted.size()));
+        for (const auto& row : got) gained.push_back(row[0].as<int>());
+      }
+      if (!gained.empty()) {
+        // The gained lanes may hold pending rows below what this instance resolved so far (the
+        // previous owner's released batch, events committed during the handover): the next claim,
+        // even a poll, looks from the start again (claim_with_function: resolved < 0).
+        im.state.lanes_gained();
+        // Whoever held these lanes before has lost its lock (it died or handed them over between
+        // batches): its leases are stale, and keeping them would let later events of a key
+        // overtake the leased ones. Clear them so the rows are claimable now, in order.
+        tx.exec_params("UPDATE " + im.opt.table +
+                           " SET lease_owner = NULL, lease_until = NULL WHERE lane = ANY($1::smallint[]) "
+                           "AND processed_at IS NULL AND dead_lettered_at IS NULL AND lease_until IS NOT NULL" +
+                           kNoFlushWait,
+                       int_array(gained.data(), gained.data() + gained.size()));
+        owned.insert(gained.begin(), gained.end());
+      }
+      if (!release.empty() || !gained.empty()) {
+        log::info("ordering lanes rebalanced", {{"instances", n},
+                                                {"lanes_owned", owned.size()},
+                                                {"lanes_gained", gained.size()},
+                                                {"lanes_released", release.size()}});
+      }
+      im.set_owned(std::move(owned));
+      im.look_at_sequence_cache(tx);
+      return !gained.empty();
+    }();
+    return gained_any;
+  });
+}
+
+}  // namespace outbox::pg
