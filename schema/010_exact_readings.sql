@@ -359,9 +359,14 @@ BEGIN
            AND c.processed_at IS NULL AND c.dead_lettered_at IS NULL
            AND (c.lease_until IS NULL OR (c.lease_until < now() AND c.lease_owner IS DISTINCT FROM p_owner))
          FOR NO KEY UPDATE OF c SKIP LOCKED),
+      -- Counted first: the usual claim locks every row it chose and looks no further (the per-row
+      -- look is an array search, run only when a row was skipped).
       stop AS (
         SELECT ch.lane, min(ch.id) AS first
-          FROM chosen AS ch WHERE NOT EXISTS (SELECT 1 FROM locked AS k WHERE k.id = ch.id) GROUP BY ch.lane),
+          FROM chosen AS ch
+         WHERE (SELECT count(*) FROM locked) < (SELECT count(*) FROM chosen)
+           AND NOT (ch.id = ANY(ARRAY(SELECT k.id FROM locked AS k)))
+         GROUP BY ch.lane),
       s AS MATERIALIZED (
         SELECT k.* FROM locked AS k
          WHERE NOT EXISTS (SELECT 1 FROM stop AS x WHERE x.lane = k.lane AND x.first < k.id)),

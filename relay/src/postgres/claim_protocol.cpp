@@ -91,7 +91,10 @@ locked AS MATERIALIZED (
      FOR NO KEY UPDATE OF c SKIP LOCKED),
 stop AS (
   SELECT ch.lane, min(ch.id) AS first
-    FROM chosen AS ch WHERE NOT EXISTS (SELECT 1 FROM locked AS k WHERE k.id = ch.id) GROUP BY ch.lane)
+    FROM chosen AS ch
+   WHERE (SELECT count(*) FROM locked) < (SELECT count(*) FROM chosen)
+     AND NOT (ch.id = ANY(ARRAY(SELECT k.id FROM locked AS k)))
+   GROUP BY ch.lane)
 SELECT k.id, k.topic, k.aggregate_id, k.payload::text, k.headers::text, NULL::text,
        (extract(epoch FROM k.created_at) * 1000000)::int8, k.attempts, k.sinks_done,
        NULL::int8, NULL::int8, NULL::int8[]
