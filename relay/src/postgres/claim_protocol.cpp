@@ -51,12 +51,9 @@ std::string claimable_rows(const std::string& owner, const std::string& lanes) {
 // as a sort on such a table. enable_sort = off for the whole worker session would keep it on the
 // retry index, but it put the same soak's commit-to-sink p99 at 98-204 ms a window against 10-17
 // ms without it, so it is not set.)
-std::string lane_poll_sql(const std::string& table, const std::string& sequence_literal) {
-  // Schema 10's skipped rows, as {prefix}_claim: the rows chosen, then locked (SKIP LOCKED); a row
-  // another transaction holds (FOR SHARE, FOR UPDATE, an operator's UPDATE) stops its lane there
-  // (nothing of the lane above it, the lane's bound below it), and the next claim looks from it
-  // again. FOR NO KEY UPDATE: a foreign key's check (FOR KEY SHARE) holds nothing.
-  std::string sql = R"sql(
+// The poll's two forms share the walk (v, w) and the choice of rows ({choice}: claimable, above
+// $4 and up to the walk's bound, schema 7's head-of-line rule).
+constexpr const char* kPollHead = R"sql(
 WITH v AS MATERIALIZED (
   SELECT coalesce(pg_catalog.pg_sequence_last_value({sequence}::pg_catalog.regclass), 0) AS last,
          pg_catalog.set_config('synchronous_commit', 'off', true) AS async),
@@ -68,10 +65,9 @@ w AS MATERIALIZED (
                               WHERE g.id > $4::int8 AND g.id < v.last
                                 AND NOT EXISTS (SELECT 1 FROM {table} AS h WHERE h.id = g.id + 1 OFFSET 0)
                               ORDER BY g.id LIMIT 1), v.last) END AS bound
-    FROM v),
-chosen AS MATERIALIZED (
-  SELECT c.id, c.lane::smallint AS lane
-    FROM {table} AS c
+    FROM v),)sql";
+
+constexpr const char* kPollChoice = R"sql(
    WHERE {claimable}
      AND c.id > $4::int8 AND c.id <= (SELECT w.bound FROM w)
      AND (NOT EXISTS (SELECT 1 FROM {table} AS r
@@ -80,7 +76,31 @@ chosen AS MATERIALIZED (
                WHERE (b.aggregate_id, b.id) >= (c.aggregate_id, 0) AND (b.aggregate_id, b.id) < (c.aggregate_id, c.id)
                  AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL AND b.attempts > 0
                ORDER BY b.aggregate_id, b.id LIMIT 1) IS NULL)
-   ORDER BY c.id LIMIT $3),
+   ORDER BY c.id LIMIT $3)sql";
+
+// The usual form: one scan that locks as it goes, NOWAIT. A row that another transaction holds
+// (FOR SHARE, FOR UPDATE, an operator's UPDATE) fails it with SQLSTATE 55P03, and the poll runs
+// the careful form instead (claim_lanes). FOR NO KEY UPDATE: a foreign key's check (FOR KEY SHARE)
+// holds nothing.
+constexpr const char* kPollAtOnce = R"sql(
+s AS (
+  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done
+    FROM {table} AS c{choice}
+     FOR NO KEY UPDATE OF c NOWAIT)
+SELECT s.id, s.topic, s.aggregate_id, s.payload::text, s.headers::text, NULL::text,
+       (extract(epoch FROM s.created_at) * 1000000)::int8, s.attempts, s.sinks_done,
+       NULL::int8, NULL::int8, NULL::int8[]
+  FROM s
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last, ARRAY[w.bound] FROM w)sql";
+
+// The careful form, as {prefix}_claim (schema 10): the rows chosen, then locked (SKIP LOCKED); a
+// row that could not be locked stops its lane there (nothing of the lane above it, the lane's bound
+// below it), and the next claim looks from it again.
+constexpr const char* kPollSkipping = R"sql(
+chosen AS MATERIALIZED (
+  SELECT c.id, c.lane::smallint AS lane
+    FROM {table} AS c{choice}),
 locked AS MATERIALIZED (
   SELECT c.id, c.lane::smallint AS lane, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts,
          c.sinks_done
@@ -110,6 +130,10 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last,
                                    ORDER BY g.n)
                     FROM generate_series(0, 63) AS g(n)) END
   FROM w)sql";
+
+std::string lane_poll_sql(const std::string& table, const std::string& sequence_literal, bool skipping) {
+  std::string sql = std::string(kPollHead) + (skipping ? kPollSkipping : kPollAtOnce);
+  replace_all(sql, "{choice}", kPollChoice);
   replace_all(sql, "{claimable}", claimable_rows("$1", "$2"));
   replace_all(sql, "{table}", table);
   replace_all(sql, "{sequence}", sequence_literal);
@@ -201,7 +225,8 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
   c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
                                   "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
                                   "$11::bigint[], $12::bigint[], $13::timestamptz)");
-  c.prepare("poll_lanes", lane_poll_sql(opt.table, c.quote(sequence)));
+  c.prepare("poll_lanes", lane_poll_sql(opt.table, c.quote(sequence), false));
+  c.prepare("poll_lanes_skipping", lane_poll_sql(opt.table, c.quote(sequence), true));
   c.prepare("writers", "SELECT * FROM " + function_prefix(opt.table) + "_writers()");
   // The committed events of held lanes above their bounds (the metrics' held events).
   c.prepare("held_count", "SELECT c.lane, count(*) FROM " + opt.table +
@@ -329,7 +354,13 @@ std::vector<Event> PgStore::Impl::claim_lanes(std::size_t limit, bool probe, std
   };
   pqxx::result rows;
   if (lean) {
-    rows = tx.exec_prepared("poll_lanes", opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved());
+    try {
+      rows = tx.exec_prepared("poll_lanes", opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved());
+    } catch (const pqxx::sql_error& e) {
+      if (e.sqlstate() != "55P03") throw;  // lock_not_available: a row another transaction holds
+      rows = tx.exec_prepared("poll_lanes_skipping", opt.instance_id, owned_literal, static_cast<int>(limit),
+                              lanes.resolved());
+    }
   } else {
     try {
       rows = call_function(completions);
