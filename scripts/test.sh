@@ -50,6 +50,12 @@ fi
 echo "== container image: the Dockerfile built with buildah (no Docker daemon) and run"
 tests/image/check.sh
 
-echo "== integration tests"
 venv="${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}"
+echo "== the ordering fuzzer: writer behaviours, relay kills and Postgres restarts for 80 s, a fresh seed"
+# tests/fuzz/README.md; a failure prints the seed and the history that shows it. Its own checker's
+# unit tests first (hand-made histories, no database).
+"$venv/bin/pytest" -q -p no:cacheprovider tests/fuzz/test_checker.py
+"$venv/bin/python" tests/fuzz/fuzz.py --seconds 80 --relay-bin "$here/build/bin/outbox-relay"
+
+echo "== integration tests"
 OUTBOX_RELAY_BIN=$here/build/bin/outbox-relay "$venv/bin/pytest" -q -p no:cacheprovider tests/integration "$@"

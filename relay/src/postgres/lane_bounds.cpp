@@ -1,6 +1,7 @@
 #include "postgres/lane_bounds.hpp"
 
 #include <algorithm>
+#include <limits>
 
 namespace outbox::pg {
 
@@ -10,6 +11,8 @@ void LaneBounds::reset() {
   last_id_ = -1;
   pending_.reset();
   last_reading_ = {};
+  above_.clear();
+  previous_last_ = -1;
   read_at_.reset();
   frontier_ = floor_ = tracked_last_ = -1;
 }
@@ -99,8 +102,11 @@ void LaneBounds::read(Time now, const WriterReading& reading) {
   last_reading_ = reading;
   if (reading.sequence_cache > 1) {
     pending_.reset();  // nor does one taken before: its ids may be drawn below its last id too
+    above_.clear();
+    previous_last_ = -1;
     return;
   }
+  resolve_below_new_writers(reading);
   if (pending_) {
     // Which of the pending reading's holders are still open (a transaction keeps its vxid).
     WriterReading open;
@@ -128,6 +134,31 @@ void LaneBounds::read(Time now, const WriterReading& reading) {
   } else if (!pending_) {
     pending_ = reading;
   }
+}
+
+void LaneBounds::resolve_below_new_writers(const WriterReading& reading) {
+  std::map<std::string, long long> above;
+  LaneIds floor;
+  floor.fill(std::numeric_limits<long long>::max());
+  for (const auto& w : reading.writers) {
+    const auto seen = above_.find(w.vxid);
+    // A prepared transaction first seen now may have been open before under another identity:
+    // nothing is known of its ids.
+    const long long bound = seen != above_.end() ? seen->second : w.gid.empty() ? previous_last_ : -1;
+    above.emplace(w.vxid, bound);
+    const LaneMask held = w.holds();
+    for (int lane = 0; lane < kLaneCount; ++lane) {
+      if ((held & lane_bit(lane)) != 0) floor[lane] = std::min(floor[lane], bound);
+    }
+  }
+  for (int lane = 0; lane < kLaneCount; ++lane) {
+    // Lanes no writer holds are resolved up to this reading's last id by apply().
+    if (floor[lane] != std::numeric_limits<long long>::max() && floor[lane] >= 0) {
+      known_[lane] = std::max(known_[lane], std::min(floor[lane], reading.last_id));
+    }
+  }
+  above_ = std::move(above);
+  previous_last_ = reading.last_id;
 }
 
 bool LaneBounds::uniform() const {

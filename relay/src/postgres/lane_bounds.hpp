@@ -11,9 +11,12 @@
 //  - a reading (its last id v, the transactions holding the table's ROW EXCLUSIVE lock) in which
 //    every holder is complete resolves every lane that no holder marked up to v;
 //  - a reading with a holder that is not complete resolves the same once every such holder has
-//    ended (seen gone from a later reading), and every lane once every holder has ended.
+//    ended (seen gone from a later reading), and every lane once every holder has ended;
+//  - a lane is resolved up to the last id of the latest reading that none of its holders was open
+//    at (they took the table's lock after it, and drew every id above it).
 // Knowledge only grows: a lane resolved up to v stays so (new ids are drawn above v).
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -99,6 +102,12 @@ class LaneBounds {
   void track(Time now, LaneMask owned);
   // Applies a reading whose holders still open (those of `open`) are all complete.
   void apply(const WriterReading& reading, const WriterReading& open);
+  // A writer that a reading did not see had drawn no id then (every INSERT takes the table's ROW
+  // EXCLUSIVE lock before it draws one): when a later reading first sees it, its ids are all above
+  // the earlier reading's last id. A lane is resolved up to the lowest such bound of the writers
+  // that hold it now: an event committed before they began does not wait for them (found by
+  // tests/fuzz: after a rollback below it, an event waited for every later writer of its lane).
+  void resolve_below_new_writers(const WriterReading& reading);
 
   ReadingPace pace_;
   LaneMask owned_ = 0;
@@ -107,6 +116,10 @@ class LaneBounds {
   long long last_id_ = -1;
   std::optional<WriterReading> pending_;
   WriterReading last_reading_;
+  // Per holder of the last reading (by vxid): every id it drew is above this (the last id of the
+  // reading before the one that first saw it; -1: no such reading, or a prepared transaction).
+  std::map<std::string, long long> above_;
+  long long previous_last_ = -1;  // the last reading's last id (-1: none, or its sequence cached ids)
   std::optional<Time> read_at_;
   Time frontier_moved_{};
   Time floor_moved_{};

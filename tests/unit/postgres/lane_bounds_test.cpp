@@ -223,3 +223,38 @@ TEST_CASE("lane bounds: a reading whose sequence caches ids resolves nothing, no
   b.read(kT0 + 20ms, {320, {}});  // CACHE 1 again
   CHECK(b.resolved() == 320);
 }
+
+TEST_CASE("lane bounds: a writer a reading did not see holds only ids above that reading's last id") {
+  // Found by tests/fuzz: event 100 of lane 5 committed above a rolled-back id; every reading after
+  // that saw a writer of lane 5 that began after the commit, so lane 5 waited for a chain of them.
+  LaneBounds b{kPace};
+  b.set_owned(kAll);
+  b.read(kT0, {90, {writer("3/1", true, lane_bit(5))}});  // 3/1: open before anything was known
+  CHECK(b.known()[5] == -1);
+  b.read(kT0 + 30ms, {120, {writer("3/1", true, lane_bit(5)), writer("4/1", true, lane_bit(5))}});
+  CHECK(b.known()[5] == -1);  // 3/1 is still open: it may hold any id up to 90
+  b.read(kT0 + 60ms, {150, {writer("4/1", true, lane_bit(5)), writer("5/1", true, lane_bit(5))}});
+  CHECK(b.known()[5] == 90);  // 4/1 was first seen by the reading after the one of last id 90
+  b.read(kT0 + 90ms, {180, {writer("5/1", true, lane_bit(5)), writer("6/1", true, lane_bit(5))}});
+  CHECK(b.known()[5] == 120);  // a chain of overlapping writers no longer holds the lane for good
+  CHECK(b.known()[6] == 180);
+  SUBCASE("a writer whose lanes are unknown holds every lane, but only above its own bound") {
+    b.read(kT0 + 120ms, {200, {writer("6/1", true, lane_bit(5)), writer("7/1", false, 0)}});
+    CHECK(b.known()[5] == 150);
+    CHECK(b.known()[6] == 180);  // 7/1 may hold an id of lane 6 above 180, none below
+  }
+  SUBCASE("a prepared transaction first seen holds what it marked from the start") {
+    OpenWriter prepared = writer("8/1", true, lane_bit(9));
+    prepared.gid = "xa-1";
+    b.read(kT0 + 120ms, {200, {prepared}});
+    CHECK(b.known()[9] == 180);  // the earlier reading's resolution stands; nothing more
+    CHECK(b.known()[5] == 200);
+  }
+  SUBCASE("not across a sequence that caches ids") {
+    WriterReading cached{200, {writer("6/1", true, lane_bit(5))}};
+    cached.sequence_cache = 20;
+    b.read(kT0 + 120ms, cached);
+    b.read(kT0 + 150ms, {210, {writer("6/1", true, lane_bit(5)), writer("9/1", true, lane_bit(5))}});
+    CHECK(b.known()[5] == 120);  // no earlier reading to tell new writers by
+  }
+}

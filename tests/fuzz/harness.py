@@ -1,0 +1,382 @@
+"""The fuzzer's moving parts that are not writers: a throwaway PostgreSQL cluster, relays as child
+processes (killed, stopped and restarted by the chaos thread), one tailer thread that reads every
+sink file and relay log as it grows, and libpq's fastpath call through ctypes."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_CLUSTER = ROOT / "scripts" / "pg-cluster.sh"
+
+
+def mono() -> float:
+    return time.monotonic()
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster
+
+
+class Cluster:
+    """One throwaway PostgreSQL 15 cluster (scripts/pg-cluster.sh), PG_FAST=1, in a temp dir."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.dir = base / "pg"
+        self.url = None
+        self.stopped = False
+
+    def start(self):
+        out = subprocess.check_output([str(PG_CLUSTER), "start", str(self.dir)],
+                                      env={**os.environ, "PG_FAST": "1"}, text=True, timeout=120)
+        self.url = out.strip().splitlines()[-1]
+        assert "@127.0.0.1:" in self.url, self.url
+        return self
+
+    def url_for(self, dbname: str) -> str:
+        return self.url.rsplit("/", 1)[0] + "/" + dbname
+
+    def restart(self):
+        subprocess.check_call([str(PG_CLUSTER), "restart", str(self.dir)], timeout=120,
+                              stdout=subprocess.DEVNULL)
+
+    def stop(self):
+        if not self.stopped and self.url:
+            self.stopped = True
+            subprocess.call([str(PG_CLUSTER), "stop", str(self.dir)], timeout=120)
+
+
+def make_workdir() -> Path:
+    base = Path(tempfile.mkdtemp(prefix="outbox-fuzz-"))
+    os.chmod(base, 0o755)
+    return base
+
+
+def remove_workdir(base: Path):
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def run_cli(relay_bin: str, *args, env=None, timeout=120):
+    proc = subprocess.run([relay_bin, *args], env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"outbox-relay {' '.join(args)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return proc
+
+
+# ---------------------------------------------------------------------------------------------
+# Relays
+
+
+class RelaySlot:
+    """One relay position: one sink file (kept across restarts: the sink cuts a partial last line
+    when it opens it again) and one log file per incarnation. Every incarnation is a child process
+    of this fuzzer; only those are signalled."""
+
+    def __init__(self, index: int, relay_bin: str, db_url: str, workdir: Path, tailer: "Tailer"):
+        self.index = index
+        self.relay_bin = relay_bin
+        self.workdir = workdir
+        self.tailer = tailer
+        self.sink_path = workdir / f"relay{index}.jsonl"
+        self.config_path = workdir / f"relay{index}.yaml"
+        config = {
+            "database": {"url": db_url, "reconnect": {"initial": "100ms", "max": "1s"}},
+            "relay": {"batch_size": 500, "sweep_interval": "1h", "lease": "60s", "rebalance_interval": "500ms",
+                      "backoff": {"initial": "100ms", "max": "2s"}, "instance_id": f"fuzz-relay-{index}",
+                      "writer_hold_warning": "5s"},
+            "http": {"enabled": False},
+            "log": {"level": "info"},
+            "sinks": [{"name": "audit", "type": "file", "path": str(self.sink_path)}],
+        }
+        self.config_path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+        self.proc = None
+        self.generation = 0
+        self.log_path = None
+        self._log = None
+        self.killed_by_us = set()   # pids we killed or stopped on purpose
+        self.exits = []             # (pid, returncode, monotonic time noticed, by_us)
+        self.stopped = False        # SIGSTOPped right now
+        tailer.add_sink(self.sink_path, f"relay{index}")
+
+    def start(self):
+        self.generation += 1
+        self.log_path = self.workdir / f"relay{self.index}.{self.generation}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([self.relay_bin, "run", "--config", str(self.config_path)],
+                                     stdout=subprocess.DEVNULL, stderr=self._log, stdin=subprocess.DEVNULL)
+        self.tailer.add_log(self.log_path, f"relay{self.index}.{self.generation}", self.index, self.generation)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.killed_by_us.add(self.proc.pid)
+            if self.stopped:
+                self.cont()
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            self.exits.append((self.proc.pid, self.proc.returncode, mono(), True))
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def stop_signal(self):
+        if self.alive():
+            self.proc.send_signal(signal.SIGSTOP)
+            self.stopped = True
+
+    def cont(self):
+        if self.proc is not None and self.stopped:
+            self.stopped = False
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGCONT)
+
+    def terminate(self, timeout=15.0):
+        """SIGTERM (the end of the run); SIGKILL if it does not exit in time. Returns the code."""
+        if self.proc is None:
+            return None
+        if self.stopped:
+            self.cont()
+        if self.proc.poll() is None:
+            self.killed_by_us.add(self.proc.pid)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        if self._log:
+            self._log.close()
+            self._log = None
+        return self.proc.returncode
+
+    def check_exit(self):
+        """A relay that exited by itself: (pid, code), noted once."""
+        if self.proc is not None and self.proc.poll() is not None and self.proc.pid not in self.killed_by_us:
+            if not any(e[0] == self.proc.pid for e in self.exits):
+                self.exits.append((self.proc.pid, self.proc.returncode, mono(), False))
+                return self.proc.pid, self.proc.returncode
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The tailer
+
+
+class SinkLine:
+    __slots__ = ("rec", "file", "index", "lo", "hi")
+
+    def __init__(self, rec, file, index, lo, hi):
+        self.rec, self.file, self.index, self.lo, self.hi = rec, file, index, lo, hi
+
+
+class _Followed:
+    def __init__(self, path, name, kind, slot=None, generation=None):
+        self.path, self.name, self.kind, self.slot, self.generation = path, name, kind, slot, generation
+        self.consumed = 0          # offset after the last complete line read
+        self.prev_read_start = None
+        self.horizon = None        # every line complete before this time is in Tailer.lines
+        self.count = 0
+        self.shrunk = []           # (monotonic time, size, consumed) when the file got shorter
+
+
+class Tailer:
+    """One thread reads every sink file and relay log as it grows, every few ms. Each complete sink
+    line gets an interval [lo, hi]: its newline was written after lo (the start of the previous read
+    of that file, which did not see it) and before hi (the end of the read that did). Only complete
+    lines are consumed: a partial last line cut by a restarted relay's sink is never seen."""
+
+    def __init__(self, interval=0.004):
+        self.interval = interval
+        self.lock = threading.Lock()
+        self.sinks: list[_Followed] = []
+        self.logs: list[_Followed] = []
+        self.lines: list[SinkLine] = []         # every sink line, in the order read
+        self.log_lines: list[tuple] = []        # (monotonic seen, relay name, slot, generation, dict)
+        self.bad_lines: list[tuple] = []        # (file, raw) that did not parse
+        self.start_time = mono()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tailer", daemon=True)
+
+    def add_sink(self, path, name):
+        with self.lock:
+            self.sinks.append(_Followed(path, name, "sink"))
+
+    def add_log(self, path, name, slot, generation):
+        with self.lock:
+            self.logs.append(_Followed(path, name, "log", slot, generation))
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(10)
+
+    def _read(self, f: _Followed):
+        t_before = mono()
+        try:
+            with open(f.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size < f.consumed:
+                    f.shrunk.append((t_before, size, f.consumed))
+                    f.consumed = size  # a complete line was cut: noted, reported by the checker
+                fh.seek(f.consumed)
+                chunk = fh.read()
+        except FileNotFoundError:
+            f.prev_read_start = t_before
+            return [], t_before, mono()
+        t_after = mono()
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            f.prev_read_start = t_before
+            return [], t_before, t_after
+        complete = chunk[:end].split(b"\n")
+        f.consumed += end + 1
+        return complete, t_before, t_after
+
+    def poll_once(self):
+        with self.lock:
+            sinks, logs = list(self.sinks), list(self.logs)
+        for f in sinks:
+            lo = f.prev_read_start if f.prev_read_start is not None else self.start_time
+            raws, t_before, t_after = self._read(f)
+            f.prev_read_start = t_before
+            new = []
+            for raw in raws:
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    self.bad_lines.append((f.name, raw[:300]))
+                    continue
+                new.append(SinkLine(rec, f.name, f.count, lo, t_after))
+                f.count += 1
+            with self.lock:
+                self.lines.extend(new)
+                f.horizon = t_before
+        for f in logs:
+            raws, _, t_after = self._read(f)
+            new = []
+            for raw in raws:
+                try:
+                    d = json.loads(raw)
+                except ValueError:
+                    d = {"msg": raw.decode(errors="replace")[:500]}
+                new.append((t_after, f.name, f.slot, f.generation, d))
+            if new:
+                with self.lock:
+                    self.log_lines.extend(new)
+
+    def _run(self, max_seconds=4 * 3600):
+        deadline = mono() + max_seconds
+        while not self._stop.is_set() and mono() < deadline:
+            try:
+                self.poll_once()
+            except Exception as e:  # noqa: BLE001 - a tailer must not die silently
+                self.bad_lines.append(("tailer", repr(e).encode()))
+            self._stop.wait(self.interval)
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.lines), list(self.log_lines)
+
+    def horizon(self) -> float:
+        """A time before which every complete sink line has been read: the earliest start of the
+        last read of each sink file."""
+        with self.lock:
+            starts = [f.horizon for f in self.sinks]
+        return min((s for s in starts if s is not None), default=self.start_time) if starts else mono()
+
+    def log_seen(self, slot, generation, pattern, after=0.0):
+        """The monotonic time a relay incarnation's log first showed msg containing pattern after
+        `after`, or None."""
+        with self.lock:
+            for t, _, s, g, d in self.log_lines:
+                if s == slot and g == generation and t >= after and pattern in str(d.get("msg", "")):
+                    return t
+        return None
+
+    def shrunk(self):
+        with self.lock:
+            return [(f.name, x) for f in self.sinks for x in f.shrunk]
+
+
+# ---------------------------------------------------------------------------------------------
+# libpq's fastpath call (PQfn), through ctypes
+
+
+class FastpathConn:
+    """A libpq connection of its own (ctypes on libpq.so.5; CDLL releases the GIL in each call) that
+    runs simple queries and calls a function by OID through PQfn (protocol message F)."""
+
+    PGRES_COMMAND_OK, PGRES_TUPLES_OK = 1, 2
+    _lib = None
+
+    @classmethod
+    def lib(cls):
+        if cls._lib is None:
+            lib = ctypes.CDLL("libpq.so.5")
+            lib.PQconnectdb.restype = ctypes.c_void_p
+            lib.PQconnectdb.argtypes = [ctypes.c_char_p]
+            lib.PQstatus.restype = ctypes.c_int
+            lib.PQstatus.argtypes = [ctypes.c_void_p]
+            lib.PQerrorMessage.restype = ctypes.c_char_p
+            lib.PQerrorMessage.argtypes = [ctypes.c_void_p]
+            lib.PQexec.restype = ctypes.c_void_p
+            lib.PQexec.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+            lib.PQresultStatus.restype = ctypes.c_int
+            lib.PQresultStatus.argtypes = [ctypes.c_void_p]
+            lib.PQfn.restype = ctypes.c_void_p
+            lib.PQfn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                 ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+            lib.PQclear.argtypes = [ctypes.c_void_p]
+            lib.PQfinish.argtypes = [ctypes.c_void_p]
+            cls._lib = lib
+        return cls._lib
+
+    def __init__(self, url):
+        lib = self.lib()
+        self.conn = lib.PQconnectdb(url.encode())
+        if not self.conn or lib.PQstatus(self.conn) != 0:
+            msg = lib.PQerrorMessage(self.conn) if self.conn else b"no memory"
+            self.close()
+            raise ConnectionError(f"fastpath connect: {msg!r}")
+
+    def exec(self, sql: str):
+        lib = self.lib()
+        res = lib.PQexec(self.conn, sql.encode())
+        status = lib.PQresultStatus(res) if res else -1
+        lib.PQclear(res)
+        if status not in (self.PGRES_COMMAND_OK, self.PGRES_TUPLES_OK):
+            raise ConnectionError(f"fastpath exec {sql[:60]!r}: {lib.PQerrorMessage(self.conn)!r}")
+
+    def call_int(self, fnid: int) -> int:
+        lib = self.lib()
+        value, length = ctypes.c_int(0), ctypes.c_int(0)
+        res = lib.PQfn(self.conn, fnid, ctypes.byref(value), ctypes.byref(length), 1, None, 0)
+        ok = bool(res) and lib.PQresultStatus(res) == self.PGRES_COMMAND_OK
+        lib.PQclear(res)
+        if not ok or length.value != 4:
+            raise ConnectionError(f"PQfn: {lib.PQerrorMessage(self.conn)!r}")
+        return value.value
+
+    def broken(self) -> bool:
+        return not self.conn or self.lib().PQstatus(self.conn) != 0
+
+    def close(self):
+        if self.conn:
+            self.lib().PQfinish(self.conn)
+            self.conn = None

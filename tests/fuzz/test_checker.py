@@ -1,0 +1,118 @@
+"""The checker on hand-made histories (no database, no relay):
+    ~/.cache/outbox-relay/venv/bin/python -m pytest -q tests/fuzz/test_checker.py"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from checker import check  # noqa: E402
+from harness import SinkLine  # noqa: E402
+from ledger import Ledger, Truncate  # noqa: E402
+
+
+def txn(L, behaviour, start, end, outcome="committed", db="main", epoch=0):
+    t = L.begin(behaviour, 0, db=db, epoch=epoch)
+    t.start = start
+    L.end(t, outcome, when=end)
+    return t
+
+
+def row(L, t, uid, key, event_id):
+    r = L.row(t, uid, key, "topic", {})
+    r.id = event_id
+    return r
+
+
+def line(r, file, index, lo, hi, event_id=None):
+    rec = {"id": r.id if event_id is None else event_id, "topic": r.topic, "key": r.key,
+           "payload": {"uid": r.uid}, "headers": {}}
+    return SinkLine(rec, file, index, lo, hi)
+
+
+def kinds(res):
+    return sorted(v.kind for v in res.violations)
+
+
+def test_in_order_on_time_passes():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 1.1, 1.2), "b", "K", 2)
+    res = check(L, [line(a, "f0", 0, 1.0, 1.01), line(b, "f0", 1, 1.2, 1.21)], now=10.0)
+    assert kinds(res) == []
+    assert res.stats["events_delivered"] == 2
+
+
+def test_same_file_out_of_order_is_a_violation():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 0.5, 0.6), "b", "K", 2)
+    # One read saw both: the file's order decides.
+    res = check(L, [line(b, "f0", 0, 1.0, 1.01), line(a, "f0", 1, 1.0, 1.01)], now=10.0)
+    assert kinds(res) == ["order"]
+
+
+def test_across_files_only_a_provable_order_counts():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 1.0, 1.1), "b", "K", 2)
+    # Overlapping intervals in two files: not provably out of order.
+    res = check(L, [line(b, "f1", 0, 1.10, 1.12), line(a, "f0", 0, 1.11, 1.13)], now=10.0)
+    assert kinds(res) == []
+    # b seen (hi 1.12) before a's file was read without it (lo 1.2): out of order.
+    res = check(L, [line(b, "f1", 0, 1.10, 1.12), line(a, "f0", 0, 1.2, 1.21)], now=10.0)
+    assert kinds(res) == ["order"]
+
+
+def test_a_resend_after_a_later_event_is_fine():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 1.0, 1.1), "b", "K", 2)
+    lines = [line(a, "f0", 0, 1.0, 1.01), line(b, "f1", 0, 1.2, 1.21), line(a, "f1", 1, 1.2, 1.21)]
+    assert kinds(check(L, lines, now=10.0)) == []
+
+
+def test_an_undelivered_lower_id_makes_a_delivered_higher_one_out_of_order():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 1.0, 1.1), "b", "K", 2)
+    res = check(L, [line(b, "f0", 0, 1.1, 1.15)], now=1.5)   # a not due yet: only the order
+    assert kinds(res) == ["order"]
+
+
+def test_late_missing_and_the_holder_rule():
+    L = Ledger()
+    hold = txn(L, "tx_hold", 0.5, 5.0)                     # open at a's commit: a may wait for it
+    a = row(L, txn(L, "x", 0.9, 1.0), "a", "K", 2)
+    row(L, hold, "h", "H", 1)
+    c = row(L, txn(L, "x", 5.5, 5.6), "c", "C", 3)
+    lines = [line(a, "f0", 0, 6.5, 6.51), line(L.rows["h"], "f0", 1, 5.0, 5.01)]
+    res = check(L, lines, now=20.0)
+    assert kinds(res) == ["missing"]                       # a: due 7.0, in time; c: never
+    assert res.violations[0].uids == [c.uid]
+    res = check(L, [line(a, "f0", 0, 7.2, 7.21), line(L.rows["h"], "f0", 1, 5.0, 5.01),
+                    line(c, "f0", 2, 6.0, 6.01)], now=20.0)
+    assert kinds(res) == ["late"]
+
+
+def test_the_other_database_and_rolled_back_rows():
+    L = Ledger()
+    f = row(L, txn(L, "other_db", 0.0, 1.0, db="copy"), "f", "K", 1)
+    r = row(L, txn(L, "tx_rollback", 0.0, 1.0, outcome="rolled_back"), "r", "K", 2)
+    s_txn = txn(L, "tx_savepoint", 0.0, 1.0)
+    s = row(L, s_txn, "s", "K", 3)
+    s.intent = "rollback"
+    res = check(L, [line(f, "f0", 0, 1.1, 1.2), line(r, "f0", 1, 1.1, 1.2), line(s, "f0", 2, 1.1, 1.2)], now=10.0)
+    assert kinds(res) == ["foreign_delivered", "rolled_back_delivered", "rolled_back_delivered"]
+
+
+def test_epochs_are_separate_and_truncated_rows_are_not_demanded():
+    L = Ledger()
+    old = row(L, txn(L, "x", 0.0, 1.0, epoch=0), "old", "K", 5)
+    L.truncates.append(Truncate(1.5, 1.6, 0))
+    L.epoch = 1
+    new = row(L, txn(L, "x", 2.0, 2.1, epoch=1), "new", "K", 1)
+    # The old epoch's id 5 was truncated before it was due and never delivered; the new id 1 goes.
+    res = check(L, [line(new, "f0", 0, 2.1, 2.2)], now=10.0)
+    assert kinds(res) == []
