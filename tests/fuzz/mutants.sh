@@ -6,7 +6,7 @@
 #   tests/fuzz/mutants.sh HOLE [fuzz.py options]     HOLE: one of the names below, or all
 #
 # Each mutant is built from the committed tree (git archive HEAD) in /tmp/outbox-mutant-HOLE, with
-# the compiler cache of scripts/build.sh (about a minute each). Prints, per hole, whether the
+# the compiler cache of scripts/build.sh (the flags of scripts/test.sh, so mostly cache hits). Prints, per hole, whether the
 # fuzzer caught it and after how many seconds; exits 1 if one was not caught.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -69,7 +69,7 @@ run_one() {
   git -C "$root" archive HEAD | tar -x -C "$dir"
   mutate "$dir" "$name"
   echo "== mutant $name: building"
-  BUILD_DIR=$dir/build BUILD_TARGETS=outbox-relay "$dir/scripts/build.sh" > "$dir/build.log" 2>&1 \
+  BUILD_DIR=$dir/build BUILD_TARGETS=outbox-relay "$dir/scripts/build.sh" -DOUTBOX_WERROR=ON > "$dir/build.log" 2>&1 \
     || { tail -20 "$dir/build.log"; exit 1; }
   echo "== mutant $name: fuzzing"
   local start rc=0
