@@ -111,7 +111,11 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
                 r.id = table_uids[r.uid]
 
     # --- release times
-    holders = sorted((t for t in txns if t.db == "main"), key=lambda t: t.start)
+    # A prepared transaction draws no more ids: from its PREPARE on it holds only the lanes of its
+    # own rows (checked apart below, lane by lane); before that it holds like any other.
+    lanes = lanes or {}
+    prepared = [t for t in txns if t.db == "main" and t.prepared_at is not None]
+    holders = sorted((t for t in txns if t.db == "main" and t.prepared_at is None), key=lambda t: t.start)
     starts = [t.start for t in holders]
     prefix, m, who = [], -INF, []
     for t in holders:
@@ -134,11 +138,19 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
             x = prefix[i]
             h = who[i]
             why = f"txn {h.tid} ({h.behaviour}, {h.db}) open at its commit"
+        for p in prepared:
+            if not p.start < c < (INF if p.end is None else p.end):
+                continue
+            own = {lanes.get(q.key) for q in p.rows}
+            if p.prepared_at > c or None in own or lanes.get(r.key) is None or lanes.get(r.key) in own:
+                e = INF if p.end is None else p.end
+                if e > x:
+                    x = e
+                    why = f"txn {p.tid} ({p.behaviour}, {p.db}) open at its commit"
         rel[r.uid] = x
         reason[r.uid] = why
     # A share-locked pending row stops its lane there until the lock goes (the claim skips it and
     # takes nothing of the lane above it): every later undelivered event of its lane waits.
-    lanes = lanes or {}
     by_lane = defaultdict(list)
     for r in crow:
         if r.id is not None:

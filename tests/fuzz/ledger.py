@@ -14,7 +14,7 @@ INF = float("inf")
 
 class Txn:
     __slots__ = ("tid", "behaviour", "thread", "db", "kind", "start", "end", "outcome", "gid", "lock_uid",
-                 "lock_start", "note", "epoch", "rows")
+                 "lock_start", "note", "epoch", "rows", "prepared_at")
 
     def __init__(self, tid, behaviour, thread, db, kind, epoch):
         self.tid, self.behaviour, self.thread, self.db, self.kind = tid, behaviour, thread, db, kind
@@ -22,6 +22,7 @@ class Txn:
         self.end = None          # monotonic time it was known to have ended (COMMIT returned, ...)
         self.outcome = None      # 'committed' | 'rolled_back' | 'unknown' (an error: resolved later)
         self.gid = None
+        self.prepared_at = None  # PREPARE TRANSACTION returned: from then on it holds only its lanes
         self.lock_uid = None     # a locker: the uid of the row it locked
         self.lock_start = None   # ... and when it asked for the lock
         self.note = ""

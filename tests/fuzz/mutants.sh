@@ -50,7 +50,8 @@ mutate() {
       swap "$dir/schema/010_exact_readings.sql" "WHEN h.pid IS NULL AND p.xid IS NOT NULL THEN true" \
         "WHEN h.pid IS NULL AND p.xid IS NOT NULL THEN false" ;;
     restart)  # 6: a sequence set back is not noticed
-      swap "$dir/relay/src/postgres/lane_bounds.cpp" "  if (last_id >= top) return false;" "  return false;"
+      swap "$dir/relay/src/postgres/lane_bounds.cpp" "  if (last_id >= top) return false;" \
+        "  if (last_id >= top || top >= 0) return false;"
       swap "$dir/schema/010_exact_readings.sql" "      IF v_last < v_frontier THEN
         bound := -1;" "      IF false THEN
         bound := -1;" ;;

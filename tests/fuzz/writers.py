@@ -520,6 +520,7 @@ def _prepared(ctx: Ctx, db):
                 ctx.insert(c, t, key if ctx.rng.random() < 0.6 else None)
             state = "preparing"
             c.execute(f"PREPARE TRANSACTION '{gid}'")
+            t.prepared_at = time.monotonic()
             state = "prepared"
             ctx.sleep(_long_hold(ctx) if db == "copy" else ctx.hold())
         finally:
