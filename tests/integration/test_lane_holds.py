@@ -26,6 +26,7 @@ import time
 
 import psycopg
 
+from sink_tail import SinkTail
 from conftest import base_config, free_port, run_cli, wait_until
 from webhook_receiver import Reply, receivers, webhook_sink  # noqa: F401  (receivers: the fixture)
 
@@ -36,55 +37,7 @@ LATENCY = 2.0  # s from COMMIT (or from the lock going) to the sink, where no sw
 # Helpers
 
 
-class Tail:
-    """Reads a file sink's JSON lines as they come and notes when each id was first seen."""
-
-    def __init__(self, path):
-        self.path = path
-        self.seen = {}    # id -> monotonic time first seen
-        self.lines = []   # every record, in file order
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        buf, pos = b"", 0
-        while not self._stop.is_set():
-            if self.path.exists():
-                with open(self.path, "rb") as f:
-                    f.seek(pos)
-                    chunk = f.read()
-                pos += len(chunk)
-                buf += chunk
-                now = time.monotonic()
-                *complete, buf = buf.split(b"\n")
-                with self._lock:
-                    for raw in complete:
-                        line = json.loads(raw)
-                        self.lines.append(line)
-                        self.seen.setdefault(line["id"], now)
-            time.sleep(0.003)
-
-    def has(self, event_id) -> bool:
-        with self._lock:
-            return event_id in self.seen
-
-    def seen_at(self, event_id):
-        with self._lock:
-            return self.seen.get(event_id)
-
-    def ids(self) -> list:
-        with self._lock:
-            return [l["id"] for l in self.lines]
-
-    def records(self) -> list:
-        with self._lock:
-            return list(self.lines)
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
+Tail = SinkTail  # tests/integration/sink_tail.py
 
 
 def lane_of(conn, key) -> int:

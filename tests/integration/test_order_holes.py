@@ -31,50 +31,13 @@ import urllib.request
 import psycopg
 import pytest
 
+from sink_tail import SinkTail
 from conftest import base_config, free_port, wait_until
 
 SEQ = "outbox_events_id_seq"
 
 
-class FileTail:
-    """Reads the file sink's JSON lines as they are appended; keeps every record in file order with
-    the monotonic time it was first read (ids may repeat across a sequence restart, so nothing is
-    keyed by id)."""
-
-    def __init__(self, path):
-        self.path = path
-        self.records = []  # (record, monotonic time read)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        buf, pos = b"", 0
-        while not self._stop.is_set():
-            if self.path.exists():
-                with open(self.path, "rb") as f:
-                    f.seek(pos)
-                    chunk = f.read()
-                pos += len(chunk)
-                buf += chunk
-                now = time.monotonic()
-                *complete, buf = buf.split(b"\n")
-                with self._lock:
-                    self.records.extend((json.loads(raw), now) for raw in complete)
-            time.sleep(0.003)
-
-    def snapshot(self, where=lambda r: True):
-        """[(record, time read)] in file order, for the records `where` accepts."""
-        with self._lock:
-            return [(r, t) for r, t in self.records if where(r)]
-
-    def ids(self, where=lambda r: True):
-        return [r["id"] for r, _ in self.snapshot(where)]
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
+FileTail = SinkTail  # tests/integration/sink_tail.py
 
 
 def out_of_order_pairs(records):

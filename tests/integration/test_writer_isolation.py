@@ -16,6 +16,7 @@ import urllib.request
 import psycopg
 import pytest
 
+from sink_tail import SinkTail
 from conftest import base_config, free_port, run_cli, wait_until
 
 HOLD_SECONDS = float(os.environ.get("OUTBOX_TEST_HOLD_SECONDS", "20"))
@@ -31,38 +32,7 @@ def lane_of(db, key):
     return db.scalar("SELECT hashtext(%s) & 63", (key,))
 
 
-class Tail:
-    """Reads the file sink's JSON lines as they come and notes when each id was first seen."""
-
-    def __init__(self, path):
-        self.path = path
-        self.seen = {}    # id -> monotonic time first seen
-        self.lines = []   # every record, in file order
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        buf = b""
-        pos = 0
-        while not self._stop.is_set():
-            if self.path.exists():
-                with open(self.path, "rb") as f:
-                    f.seek(pos)
-                    chunk = f.read()
-                pos += len(chunk)
-                buf += chunk
-                now = time.monotonic()
-                *complete, buf = buf.split(b"\n")
-                for raw in complete:
-                    line = json.loads(raw)
-                    self.lines.append(line)
-                    self.seen.setdefault(line["id"], now)
-            time.sleep(0.003)
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
+Tail = SinkTail  # tests/integration/sink_tail.py
 
 
 class Stream:

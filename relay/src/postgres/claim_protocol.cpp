@@ -213,14 +213,22 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
   const std::string name = claim_function_name(opt.table);
   {
     pqxx::nontransaction q(c);
-    // The schema this relay was built for; an older one is refused (`migrate` first: it runs
-    // online, writers and older relays keep working through it).
+    // The schema this relay was built for is the one with its claim function; an older one is
+    // refused (`migrate` first: it runs online, writers and older relays keep working through it).
+    // The version, for the message, only where the relay's role may read the migrations' table.
     const auto r = q.exec_params1(
-        "SELECT (SELECT max(m.version) FROM outbox_schema_migrations AS m WHERE m.table_name = $1), "
-        "to_regprocedure($2) IS NOT NULL",
-        opt.table, name + kClaimFunctionArgs);
-    const int version = r[0].is_null() ? 0 : r[0].as<int>();
-    if (version < kSchemaVersion || !r[1].as<bool>()) throw SchemaTooOld(opt.table, version);
+        "SELECT to_regprocedure($1) IS NOT NULL, "
+        "coalesce(has_table_privilege(to_regclass('outbox_schema_migrations'), 'SELECT'), false)",
+        name + kClaimFunctionArgs);
+    if (!r[0].as<bool>()) {
+      int version = -1;
+      if (r[1].as<bool>()) {
+        const auto v = q.exec_params1(
+            "SELECT coalesce(max(m.version), 0) FROM outbox_schema_migrations AS m WHERE m.table_name = $1", opt.table);
+        version = v[0].as<int>();
+      }
+      throw SchemaTooOld(opt.table, version);
+    }
   }
   c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
                                   "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
@@ -246,14 +254,17 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
 }
 
 SchemaTooOld::SchemaTooOld(const std::string& table, int version)
-    : StoreUnavailable("table " + table + " is at schema version " + std::to_string(version) +
-                           (version == 0 ? " (not migrated)" : "") + "; this relay needs version " +
-                           std::to_string(kSchemaVersion) +
-                           ": run `outbox-relay migrate` with the same config first (it runs online; writers and "
-                           "relays of the previous version keep working through it)",
-                       DbErrorClass::kUndefinedObject,
-                       // A hint of its own: translate_errors passes it on as it is (run.cpp tells it apart).
-                       "run `outbox-relay migrate` with the same config") {}
+    : StoreUnavailable(
+          "table " + table + " is at " +
+              (version < 0    ? std::string("a schema version older than ")
+               : version == 0 ? std::string("schema version 0 (not migrated); this relay needs version ")
+                              : "schema version " + std::to_string(version) + "; this relay needs version ") +
+              std::to_string(kSchemaVersion) +
+              ": run `outbox-relay migrate` with the same config first (it runs online; writers and "
+              "relays of the previous version keep working through it)",
+          DbErrorClass::kUndefinedObject,
+          // A hint of its own: translate_errors passes it on as it is (run.cpp tells it apart).
+          "run `outbox-relay migrate` with the same config") {}
 
 std::optional<long long> PgStore::first_claimable(long long after, long long upto) {
   connect();
