@@ -141,10 +141,11 @@ void LaneBounds::resolve_below_new_writers(const WriterReading& reading) {
   LaneIds floor;
   floor.fill(std::numeric_limits<long long>::max());
   for (const auto& w : reading.writers) {
+    // A prepared transaction keeps its virtual transaction id (PostgreSQL clones it at PREPARE;
+    // only one recovered at a server start gets another, and no session of ours outlives that):
+    // first seen prepared, it held no lock at the previous reading either.
     const auto seen = above_.find(w.vxid);
-    // A prepared transaction first seen now may have been open before under another identity:
-    // nothing is known of its ids.
-    const long long bound = seen != above_.end() ? seen->second : w.gid.empty() ? previous_last_ : -1;
+    const long long bound = seen != above_.end() ? seen->second : previous_last_;
     above.emplace(w.vxid, bound);
     const LaneMask held = w.holds();
     for (int lane = 0; lane < kLaneCount; ++lane) {

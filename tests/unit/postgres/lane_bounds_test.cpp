@@ -243,12 +243,19 @@ TEST_CASE("lane bounds: a writer a reading did not see holds only ids above that
     CHECK(b.known()[5] == 150);
     CHECK(b.known()[6] == 180);  // 7/1 may hold an id of lane 6 above 180, none below
   }
-  SUBCASE("a prepared transaction first seen holds what it marked from the start") {
-    OpenWriter prepared = writer("8/1", true, lane_bit(9));
+  SUBCASE("a prepared transaction first seen prepared holds only ids above the previous reading") {
+    // Found by the fuzzer in CI: an event of lane 9 waited for a transaction of its lane that
+    // began after its commit and was prepared before a reading saw it.
+    LaneBounds p{kPace};
+    p.set_owned(kAll);
+    p.read(kT0, {100, {writer("1/1", true, lane_bit(9))}});
+    p.read(kT0 + 30ms, {150, {writer("1/1", true, lane_bit(9))}});
+    CHECK(p.known()[9] == -1);
+    OpenWriter prepared = writer("2/1", true, lane_bit(9));
     prepared.gid = "xa-1";
-    b.read(kT0 + 120ms, {200, {prepared}});
-    CHECK(b.known()[9] == 180);  // the earlier reading's resolution stands; nothing more
-    CHECK(b.known()[5] == 200);
+    p.read(kT0 + 60ms, {200, {prepared}});  // 1/1 ended; 2/1 began after the reading of last id 150
+    CHECK(p.known()[9] == 150);
+    CHECK(p.known()[5] == 200);
   }
   SUBCASE("not across a sequence that caches ids") {
     WriterReading cached{200, {writer("6/1", true, lane_bit(5))}};
