@@ -180,6 +180,8 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
     for lst in by_key.values():
         lst.sort(key=lambda r: r.id)
 
+    main_txns = sorted((t for t in txns if t.db == "main"), key=lambda t: t.start)
+
     def apply_windows():
         for r in crow:
             x = rel[r.uid]
@@ -192,6 +194,17 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
                 if w_end > c and w_rel > x:
                     x = w_rel
                     reason[r.uid] = f"{w.kind} window {ledger.rel(w.start)}..{ledger.rel(w.release_at)}"
+                    # No reading could be taken between the commit and the window's release: a writer
+                    # that began in between cannot be told from one open at the commit, and holds
+                    # the event as such a writer would.
+                    for t in main_txns:
+                        if t.start >= w_rel:
+                            break
+                        e = INF if t.end is None else t.end
+                        if t.start > c and e > x:
+                            x = e
+                            reason[r.uid] = (f"txn {t.tid} ({t.behaviour}) began in the {w.kind} window "
+                                             f"{ledger.rel(w.start)}..{ledger.rel(w.release_at)} after its commit")
             rel[r.uid] = x
 
     def head_of_line():
