@@ -12,8 +12,12 @@ Rules:
 - each committed event is delivered within `budget` seconds of its release: max(its commit, the end
   of every transaction of the fuzzer in this database open at its commit, the end of a lock on it
   taken before it was delivered, the release of every disruption (relay killed / stopped, Postgres
-  restarted, sequence caching) overlapping its wait), and never before an earlier event of its key
-  is due (head of line). An event whose epoch was truncated before it was due is not demanded.
+  restarted, sequence caching) overlapping its wait, its last failed attempt at a webhook plus the
+  retry's backoff), and never before an earlier event of its key is due (head of line). An event
+  whose epoch was truncated before it was due is not demanded;
+- a row is dead-lettered only when an attempt at it failed and its key is longer than `long_bytes`
+  (the retry index cannot take the failed attempt); such a row is not demanded, and its key's later
+  events follow it as if it had been delivered.
 """
 from __future__ import annotations
 
@@ -45,9 +49,17 @@ def _short(key, n=24):
     return key if len(key) <= n else f"{key[:n]}...({len(key)} chars)"
 
 
+def retry_allowance(failed_attempts: int) -> float:
+    """How long after a failed attempt its retry may come: the fuzz relays' backoff (100 ms
+    doubling, equal jitter, capped at 2 s) for that attempt."""
+    return min(2.0, 0.1 * 2 ** (failed_attempts - 1))
+
+
 def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines=(), shrunk=(),
-          table_uids=None, max_pairs_per_key=5, lanes=None):
-    """lines: the tailer's SinkLines. table_uids (final): {uid: id} of the main table's rows now."""
+          table_uids=None, max_pairs_per_key=5, lanes=None, failures=None, dead=None, long_bytes=2600):
+    """lines: the tailer's SinkLines. table_uids (final): {uid: id} of the main table's rows now.
+    failures: {uid: [monotonic times of failed attempts]}; dead: {uid: last_error} of the rows
+    dead-lettered so far."""
     res = Result()
     V = res.violations
     txns, rows, windows, truncates = ledger.snapshot()
@@ -105,6 +117,19 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         return False
 
     crow = [r for r in rows.values() if r.txn.db == "main" and r.txn.end is not None and committed(r)]
+    failures, dead = failures or {}, dead or {}
+    dead_ok = set()
+    for uid, why in dead.items():
+        r = rows.get(uid)
+        if r is None:
+            V.append(Violation("unknown_delivered", f"dead-lettered uid {uid!r}: the fuzzer wrote no such row",
+                               sig=("unknown_dead", uid)))
+        elif failures.get(uid) and len(r.key.encode()) > long_bytes:
+            dead_ok.add(uid)
+        else:
+            V.append(Violation("dead_lettered", f"uid {uid} (key {_short(r.key)!r}, {len(r.key.encode())} bytes, id {r.id}, "
+                               f"{r.behaviour}, {len(failures.get(uid, ()))} failed attempts) was dead-lettered: {why}",
+                               uids=[uid], keys=[r.key], times=[r.txn.end] + failures.get(uid, [])))
     if table_uids is not None:
         for r in crow:
             if r.id is None and r.uid in table_uids:
@@ -147,6 +172,10 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
                 if e > x:
                     x = e
                     why = f"txn {p.tid} ({p.behaviour}, {p.db}) open at its commit"
+        f = failures.get(r.uid)
+        if f and f[-1] + retry_allowance(len(f)) > x:
+            x = f[-1] + retry_allowance(len(f))
+            why = f"its failed attempt {len(f)} at {ledger.rel(f[-1])} and the retry's backoff"
         rel[r.uid] = x
         reason[r.uid] = why
     # A share-locked pending row stops its lane there until the lock goes (the claim skips it and
@@ -242,7 +271,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
     margin = 0.05
     for r in crow:
         d = deadline[r.uid]
-        if d == INF:
+        if d == INF or r.uid in dead_ok:
             continue
         cut = trunc_start.get(r.epoch)
         if cut is not None and d >= cut:
@@ -293,6 +322,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
     order_n = 0
     locked = {t.lock_uid for t in txns if t.lock_uid}
     for (epoch, key), lst in by_key.items():
+        lst = [r for r in lst if r.uid not in dead_ok]
         files = {r.uid: per_file(r.uid) for r in lst}
         lo_of = {r.uid: first_lo.get(r.uid, INF) for r in lst}
         sorted_lo, sorted_rows = [], []
@@ -357,11 +387,13 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         "transactions_other_db": sum(1 for t in txns if t.db != "main"),
         "events_written": len(rows),
         "events_committed": len(crow),
-        "events_demanded": sum(1 for r in crow if deadline[r.uid] != INF and not (
+        "events_demanded": sum(1 for r in crow if deadline[r.uid] != INF and r.uid not in dead_ok and not (
             trunc_start.get(r.epoch) is not None and deadline[r.uid] >= trunc_start[r.epoch])),
         "events_rolled_back": sum(1 for r in rows.values() if r.outcome == "rolled_back"),
         "events_other_db": sum(1 for r in rows.values() if r.outcome == "foreign"),
         "events_delivered": sum(1 for uid in occ if rows[uid].outcome != "foreign"),
+        "attempts_failed": sum(len(x) for x in failures.values()),
+        "dead_lettered": len(dead), "dead_lettered_long_key": len(dead_ok),
         "lines": len(lines),
         "duplicates": sum(len(lst) - 1 for lst in occ.values()),
         "late": late_n, "missing": missing_n, "order_pairs": order_n,

@@ -6,7 +6,8 @@
 
 Starts a throwaway PostgreSQL 15 cluster (scripts/pg-cluster.sh, PG_FAST=1), migrates a database
 with the relay under test, clones it (CREATE DATABASE ... TEMPLATE) for writers no relay serves,
-starts 1-3 relays with a file sink each (sweep_interval 1h: a wait for the sweep is a failure),
+starts 1-3 relays with a file sink or a webhook each (sweep_interval 1h: a wait for the sweep is a
+failure; the webhook receiver fails some attempts),
 then runs writer threads that pick behaviours (writers.py) from one random.Random(seed), while a
 chaos thread kills, stops and restarts relays and restarts Postgres. A tailer reads the sink files
 as they grow; the checker (checker.py) runs every few seconds on the partial history and once at
@@ -31,11 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from checker import check  # noqa: E402
-from harness import Cluster, RelaySlot, Tailer, make_workdir, mono, remove_workdir, run_cli  # noqa: E402
+from harness import Cluster, Receiver, RelaySlot, Tailer, make_workdir, mono, remove_workdir, run_cli  # noqa: E402
 from ledger import INF, Ledger  # noqa: E402
 from writers import BEHAVIOURS, SETUP_SQL, Shared, Writer  # noqa: E402
 
 CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2}
+SINK_MODES = {"webhook": 5, "mixed": 3, "file": 2}      # name -> weight when picked from the seed
 MAIN_DB, COPY_DB = "fuzz_main", "fuzz_copy"
 
 
@@ -46,6 +48,9 @@ def parse_args(argv=None):
     p.add_argument("--relay-bin", default=os.environ.get("OUTBOX_RELAY_BIN", "/tmp/relay-new/outbox-relay"))
     p.add_argument("--relays", default="1-3", help="relay count, N or A-B (picked from the seed)")
     p.add_argument("--writers", type=int, default=5, help="writer threads (default 5, at most 6)")
+    p.add_argument("--sinks", choices=SINK_MODES, default=None,
+                   help="file: every relay a file sink; webhook: every relay a webhook whose receiver fails "
+                        "some attempts; mixed: each relay either (default: picked from the seed)")
     p.add_argument("--without", action="append", default=[], metavar="NAME",
                    help="switch a behaviour off (repeatable; also relay_kill, relay_stop, pg_restart)")
     p.add_argument("--only", default=None, metavar="NAMES",
@@ -198,12 +203,15 @@ class Fuzz:
         self.first_kind = {}      # kind -> elapsed
         self._cleaned = False
         self._lanes = {}
+        self.receiver = None
+        self.dead = {}            # uid -> last_error of the rows dead-lettered so far
 
     # --- setup
 
     def setup(self):
         a = self.args
         self.nrelays = pick_range(a.relays, self.rng)
+        self.sink_mode = a.sinks or self.rng.choices(list(SINK_MODES), list(SINK_MODES.values()))[0]
         self.enabled = {k: v for k, v in BEHAVIOURS.items() if k not in a.without}
         self.chaos_enabled = [k for k in CHAOS if k not in a.without]
         self.workdir = make_workdir()
@@ -225,8 +233,13 @@ class Fuzz:
         with psycopg.connect(self.copy_url, autocommit=True) as c:
             fnid_copy = c.execute("SELECT 'fuzz_fp_insert()'::regprocedure::oid").fetchone()[0]
         self.tailer.start()
+        hooks = {"file": [False] * self.nrelays, "webhook": [True] * self.nrelays,
+                 "mixed": [i % 2 == 0 for i in range(self.nrelays)]}[self.sink_mode]
+        if any(hooks):
+            self.receiver = Receiver(self.tailer, self.seed).start()
         for i in range(self.nrelays):
-            self.slots.append(RelaySlot(i, a.relay_bin, self.main_url, self.workdir, self.tailer).start())
+            self.slots.append(RelaySlot(i, a.relay_bin, self.main_url, self.workdir, self.tailer,
+                                        self.receiver if hooks[i] else None).start())
         for s in self.slots:
             deadline = mono() + 30
             while mono() < deadline and self.tailer.log_seen(s.index, s.generation, "ordering lanes rebalanced") is None:
@@ -237,13 +250,17 @@ class Fuzz:
         # The rare behaviours (TRUNCATE, sequence caching) wait their cooldown from the start too.
         self.shared.last_admin = {"truncate": mono() - 15, "seq_cache": mono() - 15}
         letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+        # Keys longer than the retry index takes (2,704 bytes an entry): a failed attempt at one of
+        # them cannot be recorded, the row must be dead-lettered and its key's later events go on.
         self.shared.long_keys = ["L" + "".join(self.rng.choice(letters) for _ in range(n - 1))
-                                 for n in (self.rng.randrange(100, 500), self.rng.randrange(500, 1500), 2000)]
+                                 for n in (self.rng.randrange(100, 500), self.rng.randrange(500, 1500), 2000,
+                                           self.rng.randrange(2700, 4000), self.rng.randrange(4000, 6001))]
         for i in range(a.writers):
             self.writers.append(Writer(self.shared, i, self.rng.randrange(2 ** 63), self.enabled))
         self.chaos = Chaos(self, random.Random(self.rng.randrange(2 ** 63)),
                            {k: CHAOS[k] for k in self.chaos_enabled}, a.chaos_every)
         print(f"fuzz: relays {self.nrelays} ({a.relay_bin}), writers {a.writers}, {a.seconds:g} s, "
+              f"sinks {', '.join(s.sink for s in self.slots)}, "
               f"latency budget {a.latency:g} s, sequence cache {cache}, behaviours {len(self.enabled)}, "
               f"chaos {', '.join(self.chaos_enabled) or 'off'}; work dir {self.workdir}", flush=True)
 
@@ -262,11 +279,13 @@ class Fuzz:
         with self.ledger.lock:
             keys = {r.key for r in self.ledger.rows.values()}
         lanes = self.lanes(keys)
+        self.read_dead_letters()
         now = self.tailer.horizon()
         lines, _ = self.tailer.snapshot()
+        failures, bad = self.receiver.snapshot() if self.receiver else ({}, [])
         res = check(self.ledger, lines, now, budget=self.args.latency, final=final, relay_exits=self.relay_exits,
-                    bad_lines=list(self.tailer.bad_lines), shrunk=self.tailer.shrunk(), table_uids=table_uids,
-                    lanes=lanes)
+                    bad_lines=list(self.tailer.bad_lines) + bad, shrunk=self.tailer.shrunk(), table_uids=table_uids,
+                    lanes=lanes, failures=failures, dead=self.dead)
         chaos_v = []
         if self.chaos:
             from checker import Violation
@@ -287,6 +306,19 @@ class Fuzz:
                     self.first_kind[v.kind] = elapsed
                     print(f"fuzz: [{elapsed:6.1f} s] first {v.kind} violation: {v.text}", flush=True)
         return res
+
+    def read_dead_letters(self):
+        """The dead-lettered rows of the current epoch (kept: a TRUNCATE removes the table's)."""
+        if self.receiver is None:
+            return
+        try:
+            with psycopg.connect(self.main_url, autocommit=True, connect_timeout=3) as c:
+                found = c.execute("SELECT payload->>'uid', last_error FROM outbox_events "
+                                  "WHERE dead_lettered_at IS NOT NULL").fetchall()
+        except psycopg.Error:
+            return      # Postgres restarting: the next check reads them
+        for uid, why in found:
+            self.dead.setdefault(uid, why)
 
     # --- the run
 
@@ -327,7 +359,9 @@ class Fuzz:
             lines, _ = self.tailer.snapshot()
             got = {ln.rec.get("payload", {}).get("uid") for ln in lines if isinstance(ln.rec.get("payload"), dict)}
             _, rows, _, _ = self.ledger.snapshot()
-            want = [u for u, r in rows.items() if r.outcome == "committed" and r.epoch == self.ledger.epoch]
+            self.read_dead_letters()
+            want = [u for u, r in rows.items() if r.outcome == "committed" and r.epoch == self.ledger.epoch
+                    and u not in self.dead]
             if all(u in got for u in want):
                 break
             time.sleep(0.25)
@@ -459,14 +493,17 @@ class Fuzz:
         a, res, L = self.args, self.res, self.ledger
         st = res.stats
         print("fuzz: ---- figures ----")
-        print(f"fuzz: seed {self.seed}; relays {self.nrelays}; writers {a.writers}; ran {self.writers_end - self.t_start:.1f} s")
+        print(f"fuzz: seed {self.seed}; relays {self.nrelays} (sinks {self.sink_mode}); writers {a.writers}; "
+              f"ran {self.writers_end - self.t_start:.1f} s")
         print(f"fuzz: transactions {st['transactions']} in the relays' database (committed "
               f"{st['transactions_committed']}, rolled back {st['transactions_rolled_back']}, unknown then resolved "
               f"{st['transactions_unknown']}), {st['transactions_other_db']} in the other database")
         print(f"fuzz: events written {st['events_written']}, committed {st['events_committed']} (demanded: "
               f"{st['events_demanded']}; the rest were truncated before due), rolled back "
               f"{st['events_rolled_back']}, other database {st['events_other_db']}; delivered {st['events_delivered']} "
-              f"({st['lines']} lines, {st['duplicates']} duplicates); epochs {st['epochs']}")
+              f"({st['lines']} lines, {st['duplicates']} duplicates); epochs {st['epochs']}; failed webhook "
+              f"attempts {st['attempts_failed']}; dead-lettered {st['dead_lettered']} (keys over 2,600 bytes: "
+              f"{st['dead_lettered_long_key']})")
         runs = L.behaviour_runs
         print("fuzz: behaviours: " + ", ".join(f"{k} {runs.get(k, 0)}" for k in self.enabled))
         print("fuzz: chaos: " + (", ".join(f"{k} {v}" for k, v in self.chaos.counts.items()) or "off"))
@@ -529,6 +566,8 @@ class Fuzz:
             except Exception:  # noqa: BLE001
                 pass
         self.tailer.stop()
+        if self.receiver:
+            self.receiver.stop()
         if self.cluster:
             self.cluster.stop()
         if self.workdir:

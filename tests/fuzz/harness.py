@@ -1,17 +1,21 @@
 """The fuzzer's moving parts that are not writers: a throwaway PostgreSQL cluster, relays as child
 processes (killed, stopped and restarted by the chaos thread), one tailer thread that reads every
-sink file and relay log as it grows, and libpq's fastpath call through ctypes."""
+sink file and relay log as it grows, a webhook receiver that fails some attempts, and libpq's
+fastpath call through ctypes."""
 from __future__ import annotations
 
 import ctypes
+import http.server
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +86,8 @@ class RelaySlot:
     when it opens it again) and one log file per incarnation. Every incarnation is a child process
     of this fuzzer; only those are signalled."""
 
-    def __init__(self, index: int, relay_bin: str, db_url: str, workdir: Path, tailer: "Tailer"):
+    def __init__(self, index: int, relay_bin: str, db_url: str, workdir: Path, tailer: "Tailer",
+                 receiver: "Receiver | None" = None):
         self.index = index
         self.relay_bin = relay_bin
         self.workdir = workdir
@@ -98,6 +103,12 @@ class RelaySlot:
             "log": {"level": "info"},
             "sinks": [{"name": "audit", "type": "file", "path": str(self.sink_path)}],
         }
+        self.sink = "file"
+        if receiver is not None:
+            # CloudEvents binary mode: the key and topic come as ce-subject and ce-type.
+            self.sink = "webhook"
+            config["sinks"] = [{"name": "hook", "type": "webhook", "url": receiver.url(f"relay{index}"),
+                                "format": "cloudevents", "timeout": "5s", "max_in_flight": 4}]
         self.config_path.write_text(json.dumps(config, indent=2))  # JSON is YAML
         self.proc = None
         self.generation = 0
@@ -106,7 +117,8 @@ class RelaySlot:
         self.killed_by_us = set()   # pids we killed or stopped on purpose
         self.exits = []             # (pid, returncode, monotonic time noticed, by_us)
         self.stopped = False        # SIGSTOPped right now
-        tailer.add_sink(self.sink_path, f"relay{index}")
+        if receiver is None:
+            tailer.add_sink(self.sink_path, f"relay{index}")
 
     def start(self):
         self.generation += 1
@@ -209,6 +221,7 @@ class Tailer:
         self.start_time = mono()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tailer", daemon=True)
+        self.receivers: list["Receiver"] = []
 
     def add_sink(self, path, name):
         with self.lock:
@@ -298,6 +311,7 @@ class Tailer:
         last read of each sink file."""
         with self.lock:
             starts = [f.horizon for f in self.sinks]
+        starts += [r.horizon() for r in self.receivers]
         return min((s for s in starts if s is not None), default=self.start_time) if starts else mono()
 
     def log_seen(self, slot, generation, pattern, after=0.0):
@@ -312,6 +326,133 @@ class Tailer:
     def shrunk(self):
         with self.lock:
             return [(f.name, x) for f in self.sinks for x in f.shrunk]
+
+
+# ---------------------------------------------------------------------------------------------
+# The webhook receiver
+
+# CloudEvents context attributes sent as ce-* headers; any other ce-* header is a row header.
+CE_ATTRIBUTES = {"specversion", "id", "source", "type", "subject", "time"}
+
+
+class Receiver:
+    """One HTTP server for the relays whose sink is a webhook (a path per relay). It answers 503
+    to some attempts (the relay must retry them, and hold their key's later events meanwhile) and
+    200 to the rest; each 200 becomes a SinkLine of `relay<i>.hook` in the tailer, with lo when the
+    request arrived and hi when it was recorded. The webhook sink sends one key's events one after
+    another, so within one relay a key's lines are in delivery order.
+
+    Which attempts fail: the attempt number of a uid (counted over every relay) and a hash of the
+    seed and the uid decide it: `fail_rate` of first attempts, `long_fail_rate` for keys longer
+    than `long_bytes` (their failed attempt cannot be recorded in the retry index: the relay must
+    dead-letter the row and let the key's later events go), and a few second attempts; never a
+    third, so that every event gets through."""
+
+    def __init__(self, tailer: "Tailer", seed: int, fail_rate=0.03, long_fail_rate=0.5, long_bytes=2600):
+        self.tailer = tailer
+        self.seed = seed
+        self.fail_rate, self.long_fail_rate, self.long_bytes = fail_rate, long_fail_rate, long_bytes
+        self.lock = threading.Lock()
+        self.attempts = {}        # uid -> attempts so far
+        self.failures = {}        # uid -> [monotonic time of each 503]
+        self.counts = {}          # file name -> lines so far
+        self.in_flight = {}       # request serial -> arrival time
+        self.serial = 0
+        self.bad = []             # (file, text): requests that could not be read
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"     # keep-alive, as the relay's libcurl expects
+
+            def do_POST(self):  # noqa: N802 - the http.server API
+                receiver._handle(self)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, name="receiver", daemon=True)
+        tailer.receivers.append(self)
+
+    def url(self, path):
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def horizon(self) -> float:
+        """Every delivery recorded before this time is in the tailer: the arrival of the oldest
+        request not yet answered, or now."""
+        with self.lock:
+            return min(self.in_flight.values(), default=mono())
+
+    def _fails(self, uid, attempt, key_bytes) -> bool:
+        if attempt > 2:
+            return False
+        h = random.Random(f"{self.seed}:{uid}:{attempt}").random()
+        if attempt == 2:
+            return h < self.fail_rate / 3
+        return h < (self.long_fail_rate if key_bytes > self.long_bytes else self.fail_rate)
+
+    def _handle(self, h):
+        arrived = mono()
+        with self.lock:
+            self.serial += 1
+            serial = self.serial
+            self.in_flight[serial] = arrived
+        try:
+            name = h.path.strip("/") + ".hook"
+            body = h.rfile.read(int(h.headers.get("content-length", "0")))
+            try:
+                payload = json.loads(body)
+                ce = {k.lower()[3:]: urllib.parse.unquote(v, errors="strict") for k, v in h.headers.items()
+                      if k.lower().startswith("ce-")}
+                rec = {"id": int(h.headers["webhook-id"]), "key": ce.get("subject", ""), "topic": ce.get("type"),
+                       "headers": {k: v for k, v in ce.items() if k not in CE_ATTRIBUTES}, "payload": payload}
+            except (ValueError, KeyError, UnicodeDecodeError) as e:
+                with self.lock:
+                    self.bad.append((name, f"{e!r}: {body[:200]!r}"))
+                self._answer(h, 400, b"unreadable")
+                return
+            uid = payload.get("uid") if isinstance(payload, dict) else None
+            with self.lock:
+                attempt = self.attempts.get(uid, 0) + 1
+                self.attempts[uid] = attempt
+                fail = uid is not None and self._fails(uid, attempt, len(rec["key"].encode()))
+                if fail:
+                    self.failures.setdefault(uid, []).append(mono())
+            if fail:
+                self._answer(h, 503, b"fuzz: this attempt fails")
+                return
+            with self.tailer.lock:
+                index = self.counts.get(name, 0)
+                self.counts[name] = index + 1
+                self.tailer.lines.append(SinkLine(rec, name, index, arrived, mono()))
+            self._answer(h, 200, b"")
+        finally:
+            with self.lock:
+                self.in_flight.pop(serial, None)
+
+    @staticmethod
+    def _answer(h, status, body):
+        try:
+            h.send_response(status)
+            h.send_header("content-length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+        except OSError:
+            pass     # the relay was killed mid-request
+
+    def snapshot(self):
+        with self.lock:
+            return {u: list(t) for u, t in self.failures.items()}, list(self.bad)
 
 
 # ---------------------------------------------------------------------------------------------

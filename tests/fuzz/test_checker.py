@@ -116,3 +116,34 @@ def test_epochs_are_separate_and_truncated_rows_are_not_demanded():
     # The old epoch's id 5 was truncated before it was due and never delivered; the new id 1 goes.
     res = check(L, [line(new, "f0", 0, 2.1, 2.2)], now=10.0)
     assert kinds(res) == []
+
+
+def test_a_failed_attempt_moves_its_deadline_and_its_keys_later_events():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 1.1, 1.2), "b", "K", 2)
+    # a failed at 1.05 and again at 2.0: its retry may come 0.2 s after that; b waits for it.
+    failures = {"a": [1.05, 2.0]}
+    res = check(L, [line(a, "f0", 0, 4.1, 4.11), line(b, "f0", 1, 4.15, 4.16)], now=10.0, failures=failures)
+    assert kinds(res) == []
+    res = check(L, [line(a, "f0", 0, 4.3, 4.31), line(b, "f0", 1, 4.35, 4.36)], now=10.0, failures=failures)
+    assert kinds(res) == ["late", "late"]
+
+
+def test_a_long_key_that_failed_may_be_dead_lettered_and_its_key_goes_on():
+    L = Ledger()
+    key = "L" * 2700
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", key, 1)
+    b = row(L, txn(L, "x", 1.1, 1.2), "b", key, 2)
+    res = check(L, [line(b, "f0", 0, 1.3, 1.31)], now=10.0, failures={"a": [1.05]},
+                dead={"a": "index row size 2720 exceeds btree version 4 maximum 2704"})
+    assert kinds(res) == []
+    assert res.stats["dead_lettered_long_key"] == 1
+
+
+def test_a_dead_letter_without_a_failure_or_with_a_short_key_is_a_violation():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "L" * 2700, 1)
+    b = row(L, txn(L, "x", 0.0, 1.0), "b", "K", 2)
+    res = check(L, [], now=1.5, failures={"b": [1.05]}, dead={"a": "why", "b": "why"})
+    assert kinds(res) == ["dead_lettered", "dead_lettered"]
