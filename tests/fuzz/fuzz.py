@@ -37,7 +37,7 @@ from ledger import INF, Ledger  # noqa: E402
 from writers import BEHAVIOURS, SETUP_SQL, Shared, Writer  # noqa: E402
 
 CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2}
-SINK_MODES = {"webhook": 5, "mixed": 3, "file": 2}      # name -> weight when picked from the seed
+SINK_MODES = {"webhook": 5, "mixed": 4, "file": 1}      # name -> weight when picked from the seed
 MAIN_DB, COPY_DB = "fuzz_main", "fuzz_copy"
 
 
