@@ -285,6 +285,11 @@ def base_config(db: Database, sinks: list, **relay_overrides) -> dict:
     return {"database": {"url": db.url}, "relay": relay, "http": {"enabled": False}, "sinks": sinks}
 
 
+def file_sink(path) -> list:
+    """A sinks list of one file sink named audit."""
+    return [{"name": "audit", "type": "file", "path": str(path)}]
+
+
 def unique(prefix: str) -> str:
     """prefix plus 8 random hex digits: a topic, stream or key no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"

@@ -10,12 +10,8 @@ import time
 import psycopg
 import pytest
 
-from conftest import (ROOT, Database, Writers, base_config, pending, read_jsonl, run_cli, run_config, throwaway_cluster,
+from conftest import (ROOT, Database, Writers, base_config, file_sink, pending, read_jsonl, run_cli, run_config, throwaway_cluster,
                       wait_until)
-
-
-def file_sink(path):
-    return [{"name": "audit", "type": "file", "path": str(path)}]
 
 
 def ids_in(path):

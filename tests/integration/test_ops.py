@@ -413,8 +413,12 @@ def test_4_retention_deletes_only_old_processed_rows_in_batches(db, relays, work
     with db.connect() as conn:
         # Every DELETE statement on the outbox records how many rows it removed: the batches.
         conn.execute("CREATE TABLE delete_statements (n bigint, at timestamptz DEFAULT clock_timestamp())")
+        # The relay's sessions run with search_path = pg_catalog, pg_temp (a writer's objects on its
+        # role's path never run as the relay): a trigger that fires for its statements names its
+        # objects schema-qualified, or brings its own search_path (docs/operations.md, "Security model").
         conn.execute("""CREATE FUNCTION log_deletes() RETURNS trigger LANGUAGE plpgsql AS $$
-                        BEGIN INSERT INTO delete_statements (n) SELECT count(*) FROM old_rows; RETURN NULL; END $$""")
+                        BEGIN INSERT INTO public.delete_statements (n) SELECT count(*) FROM old_rows; RETURN NULL;
+                        END $$""")
         conn.execute("CREATE TRIGGER log_deletes AFTER DELETE ON outbox_events REFERENCING OLD TABLE AS old_rows "
                      "FOR EACH STATEMENT EXECUTE FUNCTION log_deletes()")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import RELAY_BIN, Database, Writers, base_config, free_port, pending, read_jsonl, wait_until
+from conftest import RELAY_BIN, Database, Writers, base_config, file_sink, free_port, pending, read_jsonl, wait_until
 from test_core import assert_per_key_order
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -137,10 +137,6 @@ def bouncers(db):
 class TransactionPooled(Database):
     def connect(self, **kwargs):
         return super().connect(prepare_threshold=None, **kwargs)
-
-
-def file_sink(path):
-    return [{"name": "audit", "type": "file", "path": str(path)}]
 
 
 def advisory_locks(db):

@@ -147,6 +147,8 @@ int run_relay(const config::Config& config) {
     throw config::ConfigError(e.what());
   } catch (const pg::SchemaTooOld& e) {
     throw std::runtime_error(e.what());  // exit 1 with the migrate hint: nothing runs on an older schema
+  } catch (const pg::AmbiguousTable& e) {
+    throw std::runtime_error(e.what());  // exit 1: which table is the outbox is not for the relay to guess
   } catch (const StoreUnavailable&) {
   }
 

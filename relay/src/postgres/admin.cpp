@@ -20,6 +20,12 @@ void limit_session(pqxx::connection& conn) {
   tx.commit();
 }
 
+// A timer thread's statement with {table} replaced by the table's resolved name.
+std::string with_table(std::string sql, const std::string& url, const std::string& table) {
+  replace_all(sql, "{table}", table_names(url, table).table);
+  return sql;
+}
+
 // Opens the long-lived session of a timer thread (metrics, retention) if it is not open; the
 // caller resets it after a failure so the next tick reconnects.
 void background_session(std::unique_ptr<pqxx::connection>& conn, const std::string& url, const char* role) {
@@ -76,8 +82,9 @@ namespace {
 
 // The writers that may hold events back, from the table's reading function (schema/005), oldest
 // first; none before that schema.
-std::vector<OpenWriterStatus> query_open_writers(pqxx::transaction_base& tx, const std::string& table) {
-  const std::string fn = function_prefix(table) + "_writers";
+std::vector<OpenWriterStatus> query_open_writers(pqxx::transaction_base& tx, const TableNames& names) {
+  const std::string& table = names.table;
+  const std::string fn = names.function("writers");
   if (tx.exec_params1("SELECT to_regprocedure($1) IS NULL", fn + "()")[0].as<bool>()) return {};
   const auto rows = tx.exec(
       "SELECT w.pid, coalesce(w.application_name, ''), coalesce(w.client_addr, ''), coalesce(w.state, ''), "
@@ -122,6 +129,7 @@ std::vector<OpenWriterStatus> query_open_writers(pqxx::transaction_base& tx, con
 
 StatusReport query_status(const std::string& url, const std::string& table) {
   try {
+    const TableNames names = table_names(url, table);
     auto conn = open_session(url, "status");
     pqxx::read_transaction tx(*conn);
     const auto rows = tx.exec(
@@ -129,7 +137,7 @@ StatusReport query_status(const std::string& url, const std::string& table) {
         "  coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_lettered_at IS NULL)), 0)::float8, "
         "  count(*) FILTER (WHERE dead_lettered_at IS NOT NULL) "
         "FROM " +
-        table + " WHERE processed_at IS NULL GROUP BY topic ORDER BY topic");
+        names.table + " WHERE processed_at IS NULL GROUP BY topic ORDER BY topic");
     StatusReport report;
     for (const auto& row : rows) {
       TopicStatus t;
@@ -142,7 +150,7 @@ StatusReport query_status(const std::string& url, const std::string& table) {
       report.oldest_pending_age_seconds = std::max(report.oldest_pending_age_seconds, t.oldest_pending_age_seconds);
       report.topics.push_back(std::move(t));
     }
-    report.open_writers = query_open_writers(tx, table);
+    report.open_writers = query_open_writers(tx, names);
     return report;
   } catch (const std::exception& e) {
     fail("status", e, url, table);
@@ -175,6 +183,7 @@ std::string IdRanges::describe(std::size_t max_ranges) const {
 DeadLetterPage list_dead_letters(const std::string& url, const std::string& table,
                                  const std::optional<std::string>& topic, long long limit) {
   try {
+    const std::string t = table_names(url, table).table;
     auto conn = open_session(url, "failed list");
     pqxx::read_transaction tx(*conn);
     const auto rows = tx.exec_params(
@@ -182,7 +191,7 @@ DeadLetterPage list_dead_letters(const std::string& url, const std::string& tabl
         "  to_char(dead_lettered_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
         "  coalesce(last_error, ''), count(*) OVER () "
         "FROM " +
-            table +
+            t +
             " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
             "  AND (NOT $2 OR topic = $1) "
             "ORDER BY id LIMIT $3",
@@ -209,17 +218,18 @@ DeadLetterPage list_dead_letters(const std::string& url, const std::string& tabl
 IdRanges retry_dead_letters(const std::string& url, const std::string& table, const std::string& channel,
                             const RetrySelection& selection) {
   try {
+    const std::string t = table_names(url, table).table;
     auto conn = open_session(url, "failed retry");
     const std::string ids = int_array(selection.ids.data(), selection.ids.data() + selection.ids.size());
     const bool by_ids = !selection.ids.empty();
     return in_batches(*conn, 0, [&](pqxx::work& tx, long long cursor) {
       auto rows =
-          tx.exec_params("WITH picked AS (SELECT id FROM " + table +
+          tx.exec_params("WITH picked AS (SELECT id FROM " + t +
                              " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
                              "    AND id > $1 AND (NOT $3 OR topic = $2) AND (NOT $5 OR id = ANY($4::bigint[])) "
                              "    ORDER BY id LIMIT $6 FOR UPDATE) "
                              "UPDATE " +
-                             table +
+                             t +
                              " AS e SET dead_lettered_at = NULL, attempts = 0, next_attempt_at = '-infinity', "
                              "  lease_owner = NULL, lease_until = NULL "
                              "FROM picked WHERE e.id = picked.id RETURNING e.id",
@@ -236,12 +246,13 @@ IdRanges retry_dead_letters(const std::string& url, const std::string& table, co
 IdRanges purge_dead_letters(const std::string& url, const std::string& table, std::chrono::milliseconds older_than,
                             const std::optional<std::string>& topic) {
   try {
+    const std::string t = table_names(url, table).table;
     auto conn = open_session(url, "failed purge");
     return in_batches(*conn, 0, [&](pqxx::work& tx, long long cursor) {
-      return tx.exec_params("DELETE FROM " + table +
+      return tx.exec_params("DELETE FROM " + t +
                                 " WHERE id = ANY(ARRAY("
                                 "  SELECT id FROM " +
-                                table +
+                                t +
                                 " WHERE dead_lettered_at IS NOT NULL AND processed_at IS NULL "
                                 "    AND dead_lettered_at < now() - $1 * interval '1 millisecond' "
                                 "    AND id > $2 AND (NOT $4 OR topic = $3) "
@@ -258,16 +269,17 @@ IdRanges purge_dead_letters(const std::string& url, const std::string& table, st
 IdRanges replay_processed(const std::string& url, const std::string& table, const std::string& channel,
                           long long from_id, std::optional<long long> to_id, const std::optional<std::string>& topic) {
   try {
+    const std::string t = table_names(url, table).table;
     auto conn = open_session(url, "replay");
     const long long last = to_id.value_or(std::numeric_limits<long long>::max());
     return in_batches(*conn, from_id - 1, [&](pqxx::work& tx, long long cursor) {
       auto rows = tx.exec_params(
-          "WITH picked AS (SELECT id FROM " + table +
+          "WITH picked AS (SELECT id FROM " + t +
               " WHERE processed_at IS NOT NULL "
               "    AND id > $1 AND id <= $2 AND (NOT $4 OR topic = $3) "
               "    ORDER BY id LIMIT $5 FOR UPDATE) "
               "UPDATE " +
-              table +
+              t +
               " AS e SET processed_at = NULL, sinks_done = '{}', attempts = 0, "
               "  next_attempt_at = '-infinity', dead_lettered_at = NULL, lease_owner = NULL, lease_until = NULL "
               "FROM picked WHERE e.id = picked.id RETURNING e.id",
@@ -293,10 +305,9 @@ BacklogProbe::BacklogProbe(std::string url, const std::string& table) : impl_(st
   // Count over the pending partial index; the oldest pending row is the lowest pending id
   // (ids and created_at both come from the insert, and writers cannot set created_at), which
   // the same index finds without a scan.
-  impl_->sql = "SELECT (SELECT count(*) FROM " + table +
+  impl_->sql = "SELECT (SELECT count(*) FROM {table}"
                " WHERE processed_at IS NULL AND dead_lettered_at IS NULL), "
-               "  coalesce((SELECT greatest(extract(epoch FROM now() - created_at), 0)::float8 FROM " +
-               table +
+               "  coalesce((SELECT greatest(extract(epoch FROM now() - created_at), 0)::float8 FROM {table}"
                "            WHERE processed_at IS NULL AND dead_lettered_at IS NULL ORDER BY id LIMIT 1), 0), "
                "  pg_notification_queue_usage()::float8";
 }
@@ -308,7 +319,7 @@ BacklogProbe::Reading BacklogProbe::read() {
   try {
     background_session(im.conn, im.url, "metrics");
     pqxx::nontransaction tx(*im.conn);
-    const auto row = tx.exec1(im.sql);
+    const auto row = tx.exec1(with_table(im.sql, im.url, im.table));
     return {row[0].as<long long>(), row[1].as<double>(), row[2].as<double>()};
   } catch (const std::exception& e) {
     im.conn.reset();
@@ -345,18 +356,16 @@ RetentionSweeper::RetentionSweeper(std::string url, const std::string& table, st
   // command holds (the next pass, which starts from the oldest, takes them). dead_lettered_at IS
   // NULL is implied (dead letters are never processed) and stated anyway: retention must never
   // delete a dead letter.
-  impl_->sql = "WITH d AS (DELETE FROM " + table +
+  impl_->sql = "WITH d AS (DELETE FROM {table}"
                " WHERE id = ANY(ARRAY("
-               "  SELECT id FROM " +
-               table +
+               "  SELECT id FROM {table}"
                " WHERE processed_at < now() - $1 * interval '1 millisecond' "
                "    AND processed_at >= $3::timestamptz AND dead_lettered_at IS NULL "
                "  ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)) RETURNING processed_at) "
                "SELECT count(*), max(processed_at)::text FROM d";
   impl_->due_sql =
       "SELECT greatest(0, ceil(1000 * extract(epoch FROM processed_at + $1 * interval '1 millisecond' - "
-      "now())))::bigint FROM " +
-      table +
+      "now())))::bigint FROM {table}"
       " WHERE processed_at IS NOT NULL AND dead_lettered_at IS NULL "
       "ORDER BY processed_at LIMIT 1";
 }
@@ -371,7 +380,7 @@ std::size_t RetentionSweeper::delete_batch(std::chrono::milliseconds older_than)
   auto& im = *impl_;
   try {
     pqxx::work tx(im.session());
-    const auto row = tx.exec_params1(im.sql, static_cast<long long>(older_than.count()),
+    const auto row = tx.exec_params1(with_table(im.sql, im.url, im.table), static_cast<long long>(older_than.count()),
                                      static_cast<long long>(im.batch), im.resume);
     tx.commit();
     if (!row[1].is_null()) im.resume = row[1].as<std::string>();
@@ -386,7 +395,7 @@ std::optional<std::chrono::milliseconds> RetentionSweeper::next_due(std::chrono:
   auto& im = *impl_;
   try {
     pqxx::nontransaction tx(im.session());
-    const auto rows = tx.exec_params(im.due_sql, static_cast<long long>(older_than.count()));
+    const auto rows = tx.exec_params(with_table(im.due_sql, im.url, im.table), static_cast<long long>(older_than.count()));
     if (rows.empty()) return std::nullopt;
     return std::chrono::milliseconds{rows[0][0].as<long long>()};
   } catch (const std::exception& e) {

@@ -181,8 +181,6 @@ std::vector<Event> split_claim_rows(const pqxx::result& rows, OnSummary&& on_sum
   return events;
 }
 
-std::string claim_function_name(const std::string& table) { return function_prefix(table) + "_claim"; }
-
 // Schema 10's claim function, lane by lane (the only one this relay calls).
 constexpr const char* kClaimFunctionArgs =
     "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[], "
@@ -210,7 +208,7 @@ LaneIds parse_lane_ids(const std::string& text) {
 }  // namespace
 
 void PgStore::Impl::prepare_statements(pqxx::connection& c) {
-  const std::string name = claim_function_name(opt.table);
+  const std::string name = names.function("claim");
   {
     pqxx::nontransaction q(c);
     // The schema this relay was built for is the one with its claim function; an older one is
@@ -218,13 +216,13 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
     // The version, for the message, only where the relay's role may read the migrations' table.
     const auto r = q.exec_params1(
         "SELECT to_regprocedure($1) IS NOT NULL, "
-        "coalesce(has_table_privilege(to_regclass('outbox_schema_migrations'), 'SELECT'), false)",
-        name + kClaimFunctionArgs);
+        "coalesce(has_table_privilege(to_regclass($2), 'SELECT'), false)",
+        name + kClaimFunctionArgs, names.migrations);
     if (!r[0].as<bool>()) {
       int version = -1;
       if (r[1].as<bool>()) {
         const auto v = q.exec_params1(
-            "SELECT coalesce(max(m.version), 0) FROM outbox_schema_migrations AS m WHERE m.table_name = $1", opt.table);
+            "SELECT coalesce(max(m.version), 0) FROM " + names.migrations + " AS m WHERE m.table_name = $1", opt.table);
         version = v[0].as<int>();
       }
       throw SchemaTooOld(opt.table, version);
@@ -233,23 +231,23 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
   c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
                                   "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
                                   "$11::bigint[], $12::bigint[], $13::timestamptz)");
-  c.prepare("poll_lanes", lane_poll_sql(opt.table, c.quote(sequence), false));
-  c.prepare("poll_lanes_skipping", lane_poll_sql(opt.table, c.quote(sequence), true));
-  c.prepare("writers", "SELECT * FROM " + function_prefix(opt.table) + "_writers()");
+  c.prepare("poll_lanes", lane_poll_sql(names.table, c.quote(sequence), false));
+  c.prepare("poll_lanes_skipping", lane_poll_sql(names.table, c.quote(sequence), true));
+  c.prepare("writers", "SELECT * FROM " + names.function("writers") + "()");
   // The committed events of held lanes above their bounds (the metrics' held events).
-  c.prepare("held_count", "SELECT c.lane, count(*) FROM " + opt.table +
+  c.prepare("held_count", "SELECT c.lane, count(*) FROM " + names.table +
                               " AS c "
                               "WHERE c.processed_at IS NULL AND c.dead_lettered_at IS NULL "
                               "AND c.lane = ANY($1::smallint[]) AND c.id > $2 AND c.id <= $3 "
                               "AND c.id > ($4::bigint[])[c.lane + 1] GROUP BY c.lane");
   // With the last id drawn: one below $1 means the sequence was set back (LaneBounds), and the
   // claim must run to say so.
-  c.prepare("anything_new", "SELECT (SELECT id FROM " + opt.table +
+  c.prepare("anything_new", "SELECT (SELECT id FROM " + names.table +
                                 " WHERE id > $1 ORDER BY id LIMIT 1), "
                                 "coalesce(pg_sequence_last_value(" +
                                 c.quote(sequence) + "::regclass), 0)");
   // The sweep's look (first_claimable): the claim's predicate, without the head-of-line look.
-  c.prepare("sweep_look", "SELECT c.id FROM " + opt.table + " AS c WHERE " + claimable_rows("$1", "$2") +
+  c.prepare("sweep_look", "SELECT c.id FROM " + names.table + " AS c WHERE " + claimable_rows("$1", "$2") +
                               "AND c.id > $3 AND c.id <= $4 ORDER BY c.id LIMIT 1");
 }
 
@@ -324,7 +322,7 @@ std::optional<std::chrono::milliseconds> PgStore::retry_due_in() {
     // per key: later events of a key are not attempted while an earlier one waits).
     pqxx::nontransaction tx(*im.conn);
     const auto r = tx.exec_params1("SELECT ceil(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int8 FROM " +
-                                       im.opt.table +
+                                       im.names.table +
                                        " WHERE processed_at IS NULL AND dead_lettered_at IS NULL AND attempts > 0 "
                                        "AND next_attempt_at > now() AND lane = ANY($1::smallint[])",
                                    im.owned_literal);
@@ -404,7 +402,7 @@ void PgStore::Impl::write_outcomes_one_by_one(pqxx::nontransaction& tx, std::spa
       const std::string reason = std::string("its outcome (") + completion_kind(c.kind) +
                                  ") could not be written: " + error + " (SQLSTATE " + e.sqlstate() + ")";
       // Not in the retry index (dead_lettered_at is set), so this write cannot fail the same way.
-      tx.exec_params("UPDATE " + opt.table +
+      tx.exec_params("UPDATE " + names.table +
                          " SET attempts = attempts + 1, dead_lettered_at = now(), last_error = $2, "
                          "lease_owner = NULL, lease_until = NULL WHERE id = $1 AND processed_at IS NULL",
                      static_cast<long long>(c.id), reason);

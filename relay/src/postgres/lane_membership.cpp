@@ -56,7 +56,7 @@ bool PgStore::rebalance() {
         // Whoever held these lanes before has lost its lock (it died or handed them over between
         // batches): its leases are stale, and keeping them would let later events of a key
         // overtake the leased ones. Clear them so the rows are claimable now, in order.
-        tx.exec_params("UPDATE " + im.opt.table +
+        tx.exec_params("UPDATE " + im.names.table +
                            " SET lease_owner = NULL, lease_until = NULL WHERE lane = ANY($1::smallint[]) "
                            "AND processed_at IS NULL AND dead_lettered_at IS NULL AND lease_until IS NOT NULL" +
                            kNoFlushWait,

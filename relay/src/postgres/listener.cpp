@@ -148,7 +148,7 @@ void Listener::session(Reconnect& reconnect, const WatchStatement& statement) {
     bell_.drain_watcher_fd();
     if (bell_.stopped()) break;
     if (idle.look_due(clock_.now())) {
-      const Watchable w = look_or_listen_only(*conn, watch_.table);
+      const Watchable w = look_or_listen_only(*conn, table_names(url_, watch_.table).table);
       if (idle.looked(clock_.now(), w.sequence)) {
         log::debug("no idle watch on this LISTEN session; the relay polls", {{"reason", w.why_not}});
       }

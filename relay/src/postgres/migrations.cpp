@@ -61,7 +61,7 @@ std::string render_migration(const std::string& sql, const std::string& table, c
 MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel, int to_version) {
   for (int attempt = 1;; ++attempt) {
     try {
-      auto conn = open_session(url, "migrate");
+      auto conn = open_session(url, "migrate", false);  // its files name objects unqualified
       MigrateResult result;
       WarningCollector warnings(*conn, result.warnings);
       pqxx::work tx(*conn);

@@ -82,41 +82,47 @@ EncodedCompletions encode_completions(std::span<const Completion> completions) {
 
 std::string lane_literal(const LaneIds& ids) { return int_array(ids.data(), ids.data() + ids.size()); }
 
+// Complete: one autocommit statement (one round trip, one commit) for a whole batch: $1 the
+// delivered ids, marked or deleted; $2 the other outcomes as a JSON array. Unreferenced
+// data-modifying CTEs still run. The commit does not wait for the WAL flush (kNoFlushWait): the
+// drain waits for this statement before it claims again, so a flush stalled by other I/O
+// (100-400 ms on a busy VM) held back every event behind it.
+namespace {
+std::string complete_statement(const std::string& t, bool delete_on_success) {
+  std::string sql = R"sql(
+WITH done AS ({done}),
+failed AS (
+  UPDATE {table} AS e
+     SET attempts = e.attempts + CASE WHEN r.kind = 'release' THEN 0 ELSE 1 END,
+         next_attempt_at = CASE WHEN r.kind = 'retry' THEN now() + r.delay_ms * interval '1 millisecond'
+                                ELSE e.next_attempt_at END,
+         last_error = COALESCE(r.error, e.last_error),
+         dead_lettered_at = CASE WHEN r.kind = 'dead' THEN now() ELSE NULL END,
+         sinks_done = r.sinks_done, lease_owner = NULL, lease_until = NULL
+    FROM jsonb_to_recordset($2::jsonb) AS r(id bigint, kind text, delay_ms bigint, error text, sinks_done text[])
+   WHERE e.id = r.id AND e.processed_at IS NULL AND e.created_at <= $3::timestamptz
+     AND e.id = ANY(ARRAY(SELECT (f->>'id')::bigint FROM jsonb_array_elements($2::jsonb) AS f)))
+SELECT set_config('synchronous_commit', 'off', true)
+)sql";
+  replace_all(sql, "{done}",
+              delete_on_success ? "DELETE FROM {table} WHERE id = ANY($1::bigint[]) AND created_at <= $3::timestamptz"
+                                : "UPDATE {table} SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
+                                  "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL "
+                                  "AND created_at <= $3::timestamptz");
+  replace_all(sql, "{table}", t);
+  return sql;
+}
+}  // namespace
+
 PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->opt = std::move(options);
   impl_->hints = {url_user(impl_->opt.url), impl_->opt.table};
   const std::string& t = impl_->opt.table;
   impl_->member_ns = advisory_key("outbox-relay:members:" + t);
   impl_->lane_ns = advisory_key("outbox-relay:lanes:" + t);
-
-  // Complete: one autocommit statement (one round trip, one commit) for a whole batch: $1 the
-  // delivered ids, marked or deleted; $2 the other outcomes as a JSON array. Unreferenced
-  // data-modifying CTEs still run. The commit does not wait for the WAL flush (kNoFlushWait): the
-  // drain waits for this statement before it claims again, so a flush stalled by other I/O
-  // (100-400 ms on a busy VM) held back every event behind it.
-  const std::string done_sql =
-      impl_->opt.delete_on_success
-          ? "DELETE FROM " + t + " WHERE id = ANY($1::bigint[]) AND created_at <= $3::timestamptz"
-          : "UPDATE " + t +
-                " SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
-                "WHERE id = ANY($1::bigint[]) AND processed_at IS NULL "
-                "AND created_at <= $3::timestamptz";
-  impl_->complete_sql =
-      "WITH done AS (" + done_sql +
-      "), failed AS ("
-      "UPDATE " +
-      t +
-      " AS e SET "
-      "  attempts = e.attempts + CASE WHEN r.kind = 'release' THEN 0 ELSE 1 END, "
-      "  next_attempt_at = CASE WHEN r.kind = 'retry' THEN now() + r.delay_ms * interval '1 millisecond' "
-      "                         ELSE e.next_attempt_at END, "
-      "  last_error = COALESCE(r.error, e.last_error), "
-      "  dead_lettered_at = CASE WHEN r.kind = 'dead' THEN now() ELSE NULL END, "
-      "  sinks_done = r.sinks_done, lease_owner = NULL, lease_until = NULL "
-      "FROM jsonb_to_recordset($2::jsonb) AS r(id bigint, kind text, delay_ms bigint, error text, sinks_done text[]) "
-      "WHERE e.id = r.id AND e.processed_at IS NULL AND e.created_at <= $3::timestamptz "
-      "  AND e.id = ANY(ARRAY(SELECT (f->>'id')::bigint FROM jsonb_array_elements($2::jsonb) AS f))) "
-      "SELECT set_config('synchronous_commit', 'off', true)";
+  // Until the first connect resolves them (the table may not exist yet): the names as configured.
+  impl_->names = {t, function_prefix(t), "outbox_schema_migrations", false};
+  impl_->complete_sql = complete_statement(t, impl_->opt.delete_on_success);
 }
 
 PgStore::~PgStore() = default;
@@ -150,6 +156,10 @@ void PgStore::connect() {
   translate_errors(
       "connect",
       [&] {
+        if (!impl_->names.found) {
+          impl_->names = table_names(impl_->opt.url, impl_->opt.table);
+          impl_->complete_sql = complete_statement(impl_->names.table, impl_->opt.delete_on_success);
+        }
         auto conn = open_session(impl_->opt.url, "worker");
         impl_->check_own_backend(*conn);  // before any lock or prepared statement
         {
@@ -164,7 +174,7 @@ void PgStore::connect() {
           // Statements of a few milliseconds at most: never worth compiling (a plan whose cost is
           // inflated by a disabled node would be, for hundreds of milliseconds).
           q.exec0("SET jit = off");
-          const auto seq = q.exec_params1("SELECT pg_get_serial_sequence($1, 'id')", impl_->opt.table);
+          const auto seq = q.exec_params1("SELECT pg_get_serial_sequence($1, 'id')", impl_->names.table);
           if (seq[0].is_null()) {
             throw StoreUnavailable("table " + impl_->opt.table + " has no id sequence: run `outbox-relay migrate`",
                                    DbErrorClass::kUndefinedObject);
@@ -233,7 +243,7 @@ bool PgStore::release_leases() {
         [&] {
           if (!im.conn) im.conn = open_session(im.opt.url, "worker");
           pqxx::nontransaction tx(*im.conn);
-          tx.exec_params("UPDATE " + im.opt.table +
+          tx.exec_params("UPDATE " + im.names.table +
                              " SET lease_owner = NULL, lease_until = NULL "
                              "WHERE lease_owner = $1 AND processed_at IS NULL AND dead_lettered_at IS NULL" +
                              kNoFlushWait,

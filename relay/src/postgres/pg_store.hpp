@@ -80,6 +80,15 @@ class SchemaTooOld : public StoreUnavailable {
   SchemaTooOld(const std::string& table, int version);
 };
 
+// database.table is ambiguous: an unqualified name that several schemas of the role's search_path
+// hold (one of them may be a writer's, made to shadow the outbox). table_names() throws it.
+class AmbiguousTable : public StoreUnavailable {
+ public:
+  // A hint of its own: translate_errors passes it on as it is (run.cpp tells it apart).
+  explicit AmbiguousTable(const std::string& message)
+      : StoreUnavailable(message, DbErrorClass::kUndefinedObject, "set database.table to a schema-qualified name") {}
+};
+
 // Deterministic 31-bit key for advisory locks, from a text (FNV-1a).
 int advisory_key(const std::string& text);
 

@@ -63,8 +63,9 @@ struct PgStore::Impl {
   std::string owned_literal = "{}";
   std::mt19937 rng{std::random_device{}()};
 
-  std::string complete_sql;
-  std::string sequence;  // the id sequence, schema-qualified
+  TableNames names;          // resolved at the first connect (table_names)
+  std::string complete_sql;  // built at the first connect, with names.table
+  std::string sequence;      // the id sequence, schema-qualified
   // The lane bounds, the writers' reading, quiet and fenced.
   ClaimState state;
   // What the operator sees of the writers holding events back (Store::writer_holds).

@@ -3,8 +3,12 @@
 #include <libpq-fe.h>
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
+#include "postgres/pg_store.hpp"
 #include "postgres/sqlstate.hpp"
 
 namespace outbox::pg {
@@ -15,7 +19,7 @@ void replace_all(std::string& text, const std::string& from, const std::string& 
   }
 }
 
-std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role) {
+std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role, bool pinned) {
   auto conn = std::make_unique<pqxx::connection>(url);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -23,8 +27,87 @@ std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std
 #pragma GCC diagnostic pop
   pqxx::nontransaction tx(*conn);
   tx.exec0("SET application_name = " + tx.quote("outbox-relay " + role));
+  if (pinned) tx.exec0("SET search_path = pg_catalog, pg_temp");
   tx.commit();
   return conn;
+}
+
+namespace {
+
+// The schemas of the session's search_path holding a table (or partitioned table) of that name,
+// in path order; a qualified name: its schema if it holds one.
+constexpr const char* kFindTable = R"sql(
+SELECT n.nspname, c.oid::pg_catalog.int8
+  FROM pg_catalog.unnest(CASE WHEN $1 = '' THEN pg_catalog.current_schemas(false) ELSE ARRAY[$1]::pg_catalog.name[] END)
+       WITH ORDINALITY AS s(nsp, pos)
+  JOIN pg_catalog.pg_namespace AS n ON n.nspname = s.nsp
+  JOIN pg_catalog.pg_class AS c ON c.relnamespace = n.oid AND c.relname = $2 AND c.relkind IN ('r', 'p')
+ ORDER BY s.pos
+)sql";
+
+// The schema of the table's functions (its claim function, owned by the table's owner): the
+// table's own first, then the path's order; and the schema of the migrations' table likewise.
+constexpr const char* kFindObjects = R"sql(
+SELECT (SELECT n.nspname
+          FROM pg_catalog.pg_proc AS p
+          JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+         WHERE p.proname = $2 AND p.proowner = t.relowner
+         ORDER BY n.oid = t.relnamespace DESC,
+                  pg_catalog.array_position(pg_catalog.current_schemas(false), n.nspname) NULLS LAST
+         LIMIT 1),
+       (SELECT n.nspname
+          FROM pg_catalog.pg_class AS m
+          JOIN pg_catalog.pg_namespace AS n ON n.oid = m.relnamespace
+         WHERE m.relname = 'outbox_schema_migrations' AND m.relkind = 'r' AND m.relowner = t.relowner
+         ORDER BY n.oid = t.relnamespace DESC,
+                  pg_catalog.array_position(pg_catalog.current_schemas(false), n.nspname) NULLS LAST
+         LIMIT 1)
+  FROM pg_catalog.pg_class AS t WHERE t.oid = $1::pg_catalog.oid
+)sql";
+
+std::mutex names_mutex;
+std::map<std::pair<std::string, std::string>, TableNames> names_cache;
+
+}  // namespace
+
+TableNames table_names(const std::string& url, const std::string& table) {
+  {
+    std::lock_guard lock(names_mutex);
+    if (auto it = names_cache.find({url, table}); it != names_cache.end()) return it->second;
+  }
+  const auto dot = table.find('.');
+  const std::string schema = dot == std::string::npos ? "" : table.substr(0, dot);
+  const std::string name = table_name_only(table);
+  auto conn = open_session(url, "resolve", false);
+  pqxx::nontransaction q(*conn);
+  TableNames out;
+  const auto found = q.exec_params(kFindTable, schema, name);
+  if (found.empty()) {
+    out.table = table;  // not there (not migrated yet): statements fail with 42P01, and say so
+    out.functions = function_prefix(table);
+    out.migrations = "outbox_schema_migrations";
+    return out;
+  }
+  if (found.size() > 1) {
+    std::string where;
+    for (const auto& row : found) where += (where.empty() ? "" : ", ") + row[0].as<std::string>();
+    throw AmbiguousTable("database.table '" + table + "' names a table in each of the schemas " + where +
+                         " of the search_path of role " + q.quote(url_user(url)) +
+                         ": set database.table to the outbox's schema-qualified name (for example " +
+                         found[0][0].as<std::string>() + "." + name +
+                         "); a table in a schema a writer may create in can shadow the outbox");
+  }
+  const std::string nsp = found[0][0].as<std::string>();
+  const auto objects = q.exec_params1(kFindObjects, found[0][1].as<long long>(), function_prefix(table) + "_claim");
+  out.found = true;
+  out.table = q.quote_name(nsp) + "." + q.quote_name(name);
+  out.functions = (objects[0].is_null() ? q.quote_name(nsp) : q.quote_name(objects[0].as<std::string>())) + "." +
+                  function_prefix(table);
+  out.migrations = (objects[1].is_null() ? q.quote_name(nsp) : q.quote_name(objects[1].as<std::string>())) +
+                   ".outbox_schema_migrations";
+  std::lock_guard lock(names_mutex);
+  names_cache.emplace(std::make_pair(url, table), out);
+  return out;
 }
 
 std::string sqlstate_of(const std::exception& e) {

@@ -11,8 +11,29 @@
 namespace outbox::pg {
 
 // Opens a session with reactivation off (a lost session must surface, so that the caller
-// re-LISTENs, re-takes its locks and catches up) and application_name set.
-std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role);
+// re-LISTENs, re-takes its locks and catches up) and application_name set. pinned: search_path is
+// set to pg_catalog, pg_temp, so that no name, operator, function or cast of a statement resolves
+// to anything a writer created in a schema of the role's path; the statements name the outbox's
+// objects by TableNames. (`migrate` does not pin yet: its files name objects unqualified.)
+std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role, bool pinned = true);
+
+// The outbox table's objects as the relay's statements name them: schema-qualified and quoted.
+struct TableNames {
+  std::string table;       // "public"."outbox_events"
+  std::string functions;   // "public".outbox: its functions are functions + "_claim", ...
+  std::string migrations;  // "public"."outbox_schema_migrations"
+  bool found = false;      // false: the table does not exist (yet); the names are unqualified
+  std::string function(const char* suffix) const { return functions + "_" + suffix; }
+};
+
+// Resolves database.table once per process, on a session of its own with the role's own
+// search_path: a qualified name as it is; an unqualified one to the one schema of the path that
+// holds a table of that name (several: AmbiguousTable, naming them). The functions: in the table's
+// schema, else in the first schema of the path holding the claim function owned by the table's
+// owner (a function a writer made is never taken). The result is kept for the process once the
+// table exists, so a table made later to shadow it changes nothing. Throws pqxx errors when the
+// database cannot be reached (the caller's reconnect retries).
+TableNames table_names(const std::string& url, const std::string& table);
 
 // Replaces every `from` in text with `to` (the placeholders of migrations and whole statements).
 void replace_all(std::string& text, const std::string& from, const std::string& to);

@@ -1,0 +1,148 @@
+"""A writer role that may CREATE in `public` and in a schema first on the relay role's search_path
+(issue 43): nothing it defines runs as the relay, and it cannot make the relay take another table
+for the outbox. Every object the writer makes records `current_user` into a table anyone may
+insert into; the relay's role must never show up there."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from conftest import base_config, file_sink, pending, read_jsonl, run_cli, run_config, wait_until
+
+# An operator over the lane's type (smallint or integer on the right: no exact match in pg_catalog)
+# that the writer defines in a schema. Like every object of the writer's here, it records who ran
+# it, then does what the relay's own would, so that a relay that calls it still works (the record
+# is the only trace).
+OPERATOR = r"""
+CREATE FUNCTION {s}.lane_eq_{t}(public.outbox_events_lane, {t}) RETURNS boolean LANGUAGE plpgsql AS $b$
+BEGIN
+  INSERT INTO public.pwned VALUES (current_user, '{s}.=(outbox_events_lane, {t})');
+  RETURN $1::{t} = $2;
+END $b$;
+CREATE OPERATOR {s}.= (LEFTARG = public.outbox_events_lane, RIGHTARG = {t}, FUNCTION = {s}.lane_eq_{t});
+"""
+
+# The outbox's own functions, shadowed in the writer's schema with the same arguments and results.
+SHADOW_FUNCTIONS = r"""
+SET check_function_bodies = off;
+DO $d$
+DECLARE
+  f record;
+BEGIN
+  FOR f IN SELECT p.oid, p.proname, p.pronargs FROM pg_proc AS p
+            WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'outbox\_%'
+              AND p.prorettype <> 'trigger'::regtype LOOP
+    EXECUTE format(
+      'CREATE FUNCTION {s}.%I(%s) RETURNS %s LANGUAGE plpgsql AS $f$ BEGIN '
+      'INSERT INTO public.pwned VALUES (current_user, %L); %s END $f$',
+      f.proname, pg_get_function_arguments(f.oid), pg_get_function_result(f.oid), '{s}.' || f.proname,
+      CASE WHEN pg_get_function_result(f.oid) LIKE 'TABLE(%' OR pg_get_function_result(f.oid) LIKE 'SETOF %'
+           THEN format('RETURN QUERY SELECT * FROM public.%I(%s);', f.proname,
+                       (SELECT string_agg('$' || i, ', ') FROM generate_series(1, f.pronargs) AS i))
+           ELSE format('RETURN public.%I(%s);', f.proname,
+                       (SELECT string_agg('$' || i, ', ') FROM generate_series(1, f.pronargs) AS i)) END);
+  END LOOP;
+END $d$;
+"""
+
+
+class Hostile:
+    """Roles (unique per test: roles are the cluster's), the writer's schema, the record table."""
+
+    def __init__(self, db):
+        self.db = db
+        tag = uuid.uuid4().hex[:6]
+        self.writer, self.relay, self.schema = f"hostile_{tag}", f"relay_{tag}", f"evil_{tag}"
+        password = db.url.split(":")[2].split("@")[0]
+        self.writer_url = db.url.replace("postgres:" + password, f"{self.writer}:w")
+        self.relay_url = db.url.replace("postgres:" + password, f"{self.relay}:r")
+        with db.connect() as c:
+            c.execute(f"CREATE ROLE {self.writer} LOGIN PASSWORD 'w' IN ROLE outbox_writer")
+            c.execute(f"CREATE ROLE {self.relay} LOGIN PASSWORD 'r' IN ROLE outbox_relay")
+            c.execute(f"GRANT CREATE ON SCHEMA public TO {self.writer}")
+            c.execute(f"CREATE SCHEMA {self.schema} AUTHORIZATION {self.writer}")
+            # The relay role's path starts with the writer's schema (an operator's mistake, or a
+            # database that set it for everyone).
+            c.execute(f"ALTER ROLE {self.relay} IN DATABASE {db.name} SET search_path = {self.schema}, public")
+            c.execute("CREATE TABLE public.pwned (who text, what text, at timestamptz DEFAULT clock_timestamp())")
+            c.execute("GRANT INSERT ON public.pwned TO PUBLIC")
+        with psycopg.connect(self.writer_url, autocommit=True) as w:
+            w.execute(f"GRANT USAGE ON SCHEMA {self.schema} TO PUBLIC")
+            for schema in (self.schema, "public"):
+                for rtype in ("smallint", "integer"):
+                    w.execute(OPERATOR.replace("{s}", schema).replace("{t}", rtype))
+            w.execute(SHADOW_FUNCTIONS.replace("{s}", self.schema))
+
+    def records(self):
+        return self.db.query("SELECT who, what FROM public.pwned ORDER BY at")
+
+    def drop(self):
+        with self.db.connect() as c:
+            c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename IN (%s, %s)",
+                      (self.writer, self.relay))
+            for role in (self.writer, self.relay):
+                c.execute(f"DROP OWNED BY {role} CASCADE")
+                c.execute(f"DROP ROLE {role}")
+
+
+@pytest.fixture
+def hostile(db):
+    h = Hostile(db)
+    yield h
+    h.drop()
+
+
+def test_nothing_a_writer_defines_on_the_relays_path_runs_as_the_relay(db, hostile, relays, workdir):
+    out = workdir / "events.jsonl"
+    config = base_config(db, file_sink(out), sweep_interval="1h")
+    config["database"]["url"] = hostile.relay_url
+    relay = relays(config)
+    relay.wait_log("ordering lanes rebalanced")
+    with psycopg.connect(hostile.writer_url, autocommit=True) as w:
+        # An open writer of key K holds its lane: the relay reads the writers and calls the claim
+        # function while other keys flow.
+        held = psycopg.connect(hostile.writer_url)
+        held.execute("INSERT INTO public.outbox_events (topic, aggregate_id, payload) VALUES ('t', 'K', '{}')")
+        for i in range(20):
+            w.execute("INSERT INTO public.outbox_events (topic, aggregate_id, payload) VALUES ('t', %s, %s)",
+                      (f"k{i % 5}", f'{{"i": {i}}}'))
+        time.sleep(1.5)
+        w.execute("INSERT INTO public.outbox_events (topic, aggregate_id, payload) VALUES ('t', 'K', '{}')")
+        held.commit()
+        held.close()
+    wait_until(lambda: pending(db) == 0 and len(read_jsonl(out)) >= 22, timeout=20, message="22 events delivered")
+    lines = read_jsonl(out)
+    assert sorted(l["id"] for l in lines) == [r[0] for r in db.query("SELECT id FROM outbox_events ORDER BY id")]
+    assert [l["id"] for l in lines if l["key"] == "K"] == sorted(l["id"] for l in lines if l["key"] == "K")
+    assert hostile.records() == []
+    # The operator's commands, as the relay's role.
+    for args in (["status"], ["status", "--json"], ["failed", "list"], ["failed", "retry", "--all"]):
+        run_cli(*args, env={"DATABASE_URL": hostile.relay_url})
+    assert relay.stop() == 0
+    assert hostile.records() == []
+
+
+def test_a_table_that_shadows_the_outbox_on_the_relays_path_is_refused_by_name(db, hostile, relays, workdir):
+    with psycopg.connect(hostile.writer_url, autocommit=True) as w:
+        w.execute(f"CREATE TABLE {hostile.schema}.outbox_events (id bigserial PRIMARY KEY, topic text NOT NULL, "
+                  "aggregate_id text NOT NULL DEFAULT '', payload jsonb NOT NULL, headers jsonb NOT NULL DEFAULT '{}')")
+        w.execute(f"GRANT ALL ON {hostile.schema}.outbox_events TO PUBLIC")
+        w.execute(f"INSERT INTO {hostile.schema}.outbox_events (topic, aggregate_id, payload) VALUES ('t', 'k', '{{}}')")
+    [real] = db.insert([("t", "k", {"i": 1})])
+    out = workdir / "events.jsonl"
+    config = base_config(db, file_sink(out))
+    config["database"]["url"] = hostile.relay_url
+    proc = run_config(workdir, config, timeout=20)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{hostile.schema}, public" in proc.stderr and "schema-qualified" in proc.stderr, proc.stderr
+    assert not out.exists() or read_jsonl(out) == []
+    # Qualified, the same relay runs on the real one.
+    config["database"]["table"] = "public.outbox_events"
+    relay = relays(config)
+    wait_until(lambda: out.exists() and [l["id"] for l in read_jsonl(out)] == [real], timeout=10,
+               message="the real outbox's event")
+    assert relay.stop() == 0
+    assert hostile.records() == []
