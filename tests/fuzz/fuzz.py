@@ -308,9 +308,13 @@ class Fuzz:
         return res
 
     def read_dead_letters(self):
-        """The dead-lettered rows of the current epoch (kept: a TRUNCATE removes the table's)."""
+        """The dead-lettered rows: the table's now, and those the TRUNCATEs removed (read under their
+        lock). Kept across checks."""
         if self.receiver is None:
             return
+        with self.ledger.lock:
+            for uid, why in self.shared.dead_letters.items():
+                self.dead.setdefault(uid, why)
         try:
             with psycopg.connect(self.main_url, autocommit=True, connect_timeout=3) as c:
                 found = c.execute("SELECT payload->>'uid', last_error FROM outbox_events "
@@ -478,6 +482,12 @@ class Fuzz:
             if gaps:
                 out.append(f"    rolled-back ids of lane {lane} below it (ended in the 10 s before its commit): "
                            + ", ".join(f"{x.id} ({x.behaviour}, ended {L.rel(x.txn.end)})" for x in gaps[-6:]))
+        if self.receiver is not None and v.kind in ("order", "late", "missing"):
+            with self.receiver.lock:
+                seen = {u: list(self.receiver.attempts_log.get(u, ())) for u in v.uids}
+            for u, lst in seen.items():
+                out.append(f"    webhook attempts of uid {u}: " + (", ".join(
+                    f"{L.rel(a)}..{L.rel(b)} {name} {status}" for a, b, name, status in lst) or "none"))
         ws = [w for w in windows if w.start <= t_hi and (w.release_at or INF) >= t_lo - 3]
         for w in ws:
             out.append(f"    {w.kind}: {L.rel(w.start)}..{L.rel(w.end)} release {L.rel(w.release_at)} ({w.info})")

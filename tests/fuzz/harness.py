@@ -355,6 +355,7 @@ class Receiver:
         self.lock = threading.Lock()
         self.attempts = {}        # uid -> attempts so far
         self.failures = {}        # uid -> [monotonic time of each 503]
+        self.attempts_log = {}    # uid -> [(arrival, answered, relay path, status)], for the report
         self.counts = {}          # file name -> lines so far
         self.in_flight = {}       # request serial -> arrival time
         self.serial = 0
@@ -433,6 +434,8 @@ class Receiver:
                 fail = uid is not None and self._fails(uid, attempt, len(rec["key"].encode()))
                 if fail:
                     self.failures.setdefault(uid, []).append(mono())
+            with self.lock:
+                self.attempts_log.setdefault(uid, []).append((arrived, mono(), name, 503 if fail else 200))
             if fail:
                 self._answer(h, 503, b"fuzz: this attempt fails")
                 return

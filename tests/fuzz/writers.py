@@ -125,6 +125,7 @@ class Shared:
         self.threads = threads
         self.prepared_slots = threading.BoundedSemaphore(12)   # max_prepared_transactions is 20
         self.long_keys = []
+        self.dead_letters = {}                   # uid -> last_error, read just before each TRUNCATE
 
 
 class Ctx:
@@ -789,9 +790,17 @@ def b_truncate(ctx: Ctx):
             try:
                 c = ctx.conn("admin")
                 c.execute("BEGIN")
+                # The dead letters the TRUNCATE removes: read under its lock, so that none is made
+                # in between (the checker needs every one; the fuzzer reads the rest every check).
+                c.execute("LOCK TABLE outbox_events IN ACCESS EXCLUSIVE MODE")
+                dead = c.execute("SELECT payload->>'uid', last_error FROM outbox_events "
+                                 "WHERE dead_lettered_at IS NOT NULL").fetchall()
                 c.execute("TRUNCATE outbox_events, receipts RESTART IDENTITY")
                 c.execute("COMMIT")
                 done = True
+                with ctx.ledger.lock:
+                    for uid, why in dead:
+                        ctx.s.dead_letters.setdefault(uid, why)
             except psycopg.Error:
                 # Did it commit? No writer runs (the gate) and relays insert nothing: an empty table
                 # says it did.
