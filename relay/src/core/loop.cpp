@@ -262,7 +262,13 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
       // may be more: a full batch not yet followed by a claim, or released events, which are
       // claimable again at once. A poll that ends here leaves its outcomes to the next poll,
       // which writes them in its own round trip (has_pending() tells the runner).
-      const bool more = (full && !ahead) || result.released > 0;
+      // A retry a poll took (one another instance left due, or one due before its own claim
+      // came): the poll held back the later events of its key, and the next poll looks above
+      // every id this one claimed, so they would be passed by later events of their key. Claim
+      // from the start at once, after this batch's outcomes are written.
+      const bool retry_polled = !leased && std::any_of(batch.events.begin(), batch.events.end(),
+                                                       [](const Event& e) { return e.attempts > 0; });
+      const bool more = (full && !ahead) || result.released > 0 || retry_polled;
       if (!control.probe || more || control.stop() || control.pause_due()) flush_pending();
       pipeline_.caught_up();
       if (control.stop()) break;
@@ -276,7 +282,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
         // every event arriving meanwhile waits: a stall of a few tens of milliseconds (a poll
         // finding 500 events) grew into one of hundreds. From the start after a release (the
         // released events are below), lanes gained (pause) or a batch not all delivered.
-        const bool above = !leased && !paused && all_delivered && result.released == 0;
+        const bool above = !leased && !paused && all_delivered && result.released == 0 && !retry_polled;
         next = above ? claim(false, batch.events.back().id) : claim();
         leased = true;
       }

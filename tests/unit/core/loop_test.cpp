@@ -641,6 +641,33 @@ TEST_CASE("after a full poll with an event not delivered, the next claim looks f
   CHECK(f.store.of(2).kind == Kind::kRetry);
 }
 
+TEST_CASE("a short poll that took a retry claims from the start at once, after writing its outcomes") {
+  // The poll took event 1 (a retry another instance left due) and held back the later events of
+  // its key; the next poll would look above every id it claimed and let a later event of that
+  // key pass them. The drain claims from the start instead, once event 1's outcome is written.
+  Fixture f;
+  f.options.batch_size = 10;
+  Event retried = event(1, "k");
+  retried.attempts = 1;
+  f.store.batches.push_back({retried, event(9, "z")});
+  f.store.batches.push_back({event(2, "k"), event(3, "k")});
+  auto loop = f.one_sink();
+  loop.drain(polling());
+  CHECK(f.store.probes == 1);
+  CHECK(f.store.floors == std::vector<long long>{0, 0});  // the poll, then a claim from the start
+  CHECK(f.store.written_at_claim.at(1) == 2);              // events 1 and 9 marked before it
+}
+
+TEST_CASE("a short poll without a retry leaves the next look to the next poll") {
+  Fixture f;
+  f.options.batch_size = 10;
+  f.store.batches.push_back({event(1, "k"), event(9, "z")});
+  f.store.batches.push_back({event(2, "k")});
+  auto loop = f.one_sink();
+  loop.drain(polling());
+  CHECK(f.store.claims == 1);
+}
+
 TEST_CASE("a poll that loses its session keeps the outcomes it carried for the next call") {
   Fixture f;
   f.store.batches.push_back({event(1, "x")});
