@@ -305,11 +305,12 @@ BacklogProbe::BacklogProbe(std::string url, const std::string& table) : impl_(st
   // Count over the pending partial index; the oldest pending row is the lowest pending id
   // (ids and created_at both come from the insert, and writers cannot set created_at), which
   // the same index finds without a scan.
-  impl_->sql = "SELECT (SELECT count(*) FROM {table}"
-               " WHERE processed_at IS NULL AND dead_lettered_at IS NULL), "
-               "  coalesce((SELECT greatest(extract(epoch FROM now() - created_at), 0)::float8 FROM {table}"
-               "            WHERE processed_at IS NULL AND dead_lettered_at IS NULL ORDER BY id LIMIT 1), 0), "
-               "  pg_notification_queue_usage()::float8";
+  impl_->sql = R"sql(
+SELECT (SELECT count(*) FROM {table} WHERE processed_at IS NULL AND dead_lettered_at IS NULL),
+       coalesce((SELECT greatest(extract(epoch FROM now() - created_at), 0)::float8 FROM {table}
+                  WHERE processed_at IS NULL AND dead_lettered_at IS NULL ORDER BY id LIMIT 1), 0),
+       pg_notification_queue_usage()::float8
+)sql";
 }
 
 BacklogProbe::~BacklogProbe() = default;
@@ -356,18 +357,22 @@ RetentionSweeper::RetentionSweeper(std::string url, const std::string& table, st
   // command holds (the next pass, which starts from the oldest, takes them). dead_lettered_at IS
   // NULL is implied (dead letters are never processed) and stated anyway: retention must never
   // delete a dead letter.
-  impl_->sql = "WITH d AS (DELETE FROM {table}"
-               " WHERE id = ANY(ARRAY("
-               "  SELECT id FROM {table}"
-               " WHERE processed_at < now() - $1 * interval '1 millisecond' "
-               "    AND processed_at >= $3::timestamptz AND dead_lettered_at IS NULL "
-               "  ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED)) RETURNING processed_at) "
-               "SELECT count(*), max(processed_at)::text FROM d";
-  impl_->due_sql =
-      "SELECT greatest(0, ceil(1000 * extract(epoch FROM processed_at + $1 * interval '1 millisecond' - "
-      "now())))::bigint FROM {table}"
-      " WHERE processed_at IS NOT NULL AND dead_lettered_at IS NULL "
-      "ORDER BY processed_at LIMIT 1";
+  impl_->sql = R"sql(
+WITH d AS (
+  DELETE FROM {table}
+   WHERE id = ANY(ARRAY(
+           SELECT id FROM {table}
+            WHERE processed_at < now() - $1 * interval '1 millisecond'
+              AND processed_at >= $3::timestamptz AND dead_lettered_at IS NULL
+            ORDER BY processed_at LIMIT $2 FOR UPDATE SKIP LOCKED))
+  RETURNING processed_at)
+SELECT count(*), max(processed_at)::text FROM d
+)sql";
+  impl_->due_sql = R"sql(
+SELECT greatest(0, ceil(1000 * extract(epoch FROM processed_at + $1 * interval '1 millisecond' - now())))::bigint
+  FROM {table} WHERE processed_at IS NOT NULL AND dead_lettered_at IS NULL
+ ORDER BY processed_at LIMIT 1
+)sql";
 }
 
 RetentionSweeper::~RetentionSweeper() = default;
@@ -395,7 +400,8 @@ std::optional<std::chrono::milliseconds> RetentionSweeper::next_due(std::chrono:
   auto& im = *impl_;
   try {
     pqxx::nontransaction tx(im.session());
-    const auto rows = tx.exec_params(with_table(im.due_sql, im.url, im.table), static_cast<long long>(older_than.count()));
+    const auto rows =
+        tx.exec_params(with_table(im.due_sql, im.url, im.table), static_cast<long long>(older_than.count()));
     if (rows.empty()) return std::nullopt;
     return std::chrono::milliseconds{rows[0][0].as<long long>()};
   } catch (const std::exception& e) {

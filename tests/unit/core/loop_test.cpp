@@ -655,7 +655,7 @@ TEST_CASE("a short poll that took a retry claims from the start at once, after w
   loop.drain(polling());
   CHECK(f.store.probes == 1);
   CHECK(f.store.floors == std::vector<long long>{0, 0});  // the poll, then a claim from the start
-  CHECK(f.store.written_at_claim.at(1) == 2);              // events 1 and 9 marked before it
+  CHECK(f.store.written_at_claim.at(1) == 2);             // events 1 and 9 marked before it
 }
 
 TEST_CASE("a short poll without a retry leaves the next look to the next poll") {
