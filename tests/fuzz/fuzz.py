@@ -434,10 +434,21 @@ class Fuzz:
             krows = [r for r in rows.values() if r.key == key and (not epochs or r.epoch in epochs)
                      and (r.uid in v.uids or (r.txn.start <= t_hi and (r.txn.end or INF) >= t_lo))]
             krows.sort(key=lambda r: (r.id is None, r.id or 0, r.txn.start))
+            if len(krows) > 40:
+                # The 40 nearest (by id) to the events of the violation.
+                marks = [rows[u].id for u in v.uids if u in rows and rows[u].id is not None]
+                if marks:
+                    near = sorted(krows, key=lambda r: min(abs((r.id or 0) - m) for m in marks))[:40]
+                    krows = sorted(near, key=lambda r: (r.id is None, r.id or 0, r.txn.start)) + krows[40:]
             for r in krows[:40]:
                 f = first.get(r.uid)
                 seen = f"first seen {L.rel(f.hi)} in {f.file}" if f else "not delivered"
                 d = res.deadline.get(r.uid)
+                if self.receiver is not None:
+                    with self.receiver.lock:
+                        tries = list(self.receiver.attempts_log.get(r.uid, ()))
+                    if any(status != 200 for *_, status in tries):
+                        seen += "; webhook " + ", ".join(f"{L.rel(a)} {name} {status}" for a, _, name, status in tries)
                 mark = "*" if r.uid in v.uids else " "
                 out.append(f"     {mark}uid {r.uid:>10} id {str(r.id):>6} epoch {r.epoch} {r.behaviour:<17} txn "
                            f"{r.txn.tid:>5} {r.txn.db} {L.rel(r.txn.start)}..{L.rel(r.txn.end)} "
