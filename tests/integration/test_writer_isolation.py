@@ -272,7 +272,8 @@ def race(db, relays, workdir, trust_marks_alone):
     Meanwhile a later event of the same key commits."""
     out = workdir / "events.jsonl"
     if trust_marks_alone:
-        # What a relay that trusts the lane marks alone would see: every writer complete.
+        # What a relay that trusts the lane marks alone would see: every writer complete. (Named
+        # schema-qualified: the relay's sessions run with search_path = pg_catalog, pg_temp.)
         with db.connect() as conn:
             conn.execute("ALTER FUNCTION outbox_writers() RENAME TO outbox_writers_exact")
             conn.execute("CREATE FUNCTION outbox_writers() RETURNS TABLE (last_id bigint, vxid text, pid integer, "
@@ -280,7 +281,7 @@ def race(db, relays, workdir, trust_marks_alone):
                          "application_name text, client_addr text, query text, wait_event text) LANGUAGE sql AS $$ "
                          "SELECT last_id, vxid, pid, CASE WHEN vxid IS NULL THEN NULL ELSE true END, lanes, state, "
                          "xact_age_seconds, application_name, client_addr, query, wait_event "
-                         "FROM outbox_writers_exact() $$")
+                         "FROM public.outbox_writers_exact() $$")
     # A sweep every 2 s: what the polls of a relay that trusts the marks alone would skip (an id
     # below what it covered), the sweep still finds.
     relay = relays(base_config(db, [{"name": "audit", "type": "file", "path": str(out)}], sweep_interval="2s"))
