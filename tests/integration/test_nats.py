@@ -39,7 +39,8 @@ def test_1_twenty_thousand_events_reach_the_stream_once_in_key_order(db, relays,
     # Row headers travel as NATS headers; a Nats-* header (it would steer JetStream: here it would
     # make every publish fail) is dropped with a warning.
     with_headers = db.insert([(row_topic, f"key-{i}", {"special": i},
-                               {"trace-id": f"t-{i}", "tenant": "acme", "Nats-Expected-Stream": "NOPE"})
+                               {"trace-id": f"t-{i}", "tenant": "acme", "Nats-Expected-Stream": "NOPE",
+                                "outbox-id": "999999", "OUTBOX-TOPIC": "spoofed", "ce-id": "forged"})
                               for i in range(40)])
     writers.join()
     started = time.monotonic()
@@ -67,8 +68,9 @@ def test_1_twenty_thousand_events_reach_the_stream_once_in_key_order(db, relays,
     for i, oid in enumerate(with_headers):
         h = by_id[oid].headers
         assert h["trace-id"] == f"t-{i}" and h["tenant"] == "acme"
-        assert "Nats-Expected-Stream" not in h
-    assert any(l.get("msg", "").startswith("nats: row headers named Nats-*") for l in relay.logs())
+        assert h["outbox-id"] == str(oid) and h["outbox-topic"] == row_topic
+        assert {k for k in h if not k.lower().startswith("outbox-")} == {"Nats-Msg-Id", "trace-id", "tenant"}
+    assert any(l.get("msg", "").startswith("a row header carries a name the sink reserves") for l in relay.logs())
     assert relay.alive()
     print(f"\n20,000 events drained {drained_after:.1f}s after the writers finished")
 

@@ -26,8 +26,11 @@ def test_20000_events_reach_the_queue_once_in_key_order_with_their_properties(db
     relay.wait_log("ordering lanes rebalanced")
 
     writers = Writers(db, count=4, per_writer=5000, keys=200, topic=row_topic).start()
-    with_headers = db.insert([(row_topic, f"key-{i}", {"special": i}, {"trace-id": f"t-{i}", "tenant": "acme"})
-                              for i in range(10)])
+    # Headers the sink reserves (issue 43), dropped: outbox-* in any case, CC and BCC (RabbitMQ
+    # would also route the message by them), x-* (RabbitMQ and its plugins act on them).
+    spoofed = {"outbox-id": "999999", "Outbox-Topic": "spoofed", "CC": "other", "bcc": "other", "x-delay": "5000"}
+    with_headers = db.insert([(row_topic, f"key-{i}", {"special": i},
+                               {"trace-id": f"t-{i}", "tenant": "acme", **spoofed}) for i in range(10)])
     writers.join()
     started = time.monotonic()
     wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows")
@@ -55,8 +58,11 @@ def test_20000_events_reach_the_queue_once_in_key_order_with_their_properties(db
         assert m.timestamp == int(created_at.timestamp())
     for i, oid in enumerate(with_headers):
         m = next(m for m in messages if m.outbox_id == oid)
+        assert m.headers["outbox-id"] == str(oid) and m.headers["outbox-topic"] == row_topic
         assert {k: v for k, v in m.headers.items() if not k.startswith("outbox-")} == {"trace-id": f"t-{i}",
                                                                                        "tenant": "acme"}
+        assert sorted(k for k in m.headers if k.startswith("outbox-")) == ["outbox-created-at", "outbox-id",
+                                                                            "outbox-key", "outbox-topic"]
     assert relay.alive()
     print(f"\n20,010 events drained {drained_after:.1f}s after the writers finished")
 

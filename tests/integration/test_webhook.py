@@ -10,11 +10,12 @@ import os
 import random
 import threading
 import time
+import urllib.request
 
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from conftest import base_config, pending, run_config, wait_until
+from conftest import base_config, free_port, pending, run_config, wait_until
 from webhook_receiver import Reply, make_self_signed_cert, receivers, server_tls_context, webhook_sink  # noqa: F401
 
 
@@ -95,10 +96,16 @@ def test_2_signatures_verify_independently_with_two_secrets(db, relays, receiver
     rx = receivers()
     sink = webhook_sink(rx.url, secrets=[secret_a, "${WEBHOOK_SECRET_B}"],
                         headers={"Authorization": "Bearer static-token-1234", "X-Static": "yes"})
-    relay = relays(base_config(db, [sink]), env={"WEBHOOK_SECRET_B": secret_b})
+    config = base_config(db, [sink])
+    port = free_port()
+    config["http"] = {"enabled": True, "listen": f"127.0.0.1:{port}"}
+    relay = relays(config, env={"WEBHOOK_SECRET_B": secret_b})
     payloads = [{"n": i, "text": "grüße ✓ \"quoted\"", "nested": {"list": [1, 2.5, None, True]}} for i in range(40)]
     payloads.append({"big": "x" * 5000})  # > 1 KiB: no Expect: 100-continue round trip
-    ids = db.insert([("order.paid", f"k{i % 7}", p, {"x-trace-id": f"trace-{i}", "webhook-id": "spoofed"})
+    # Headers the sink reserves (issue 43): webhook-*, outbox-*, ce-*, in any case, and those its
+    # config sets. Dropped and counted; the others travel.
+    spoofed = {"webhook-id": "spoofed", "Outbox-Id": "999999", "ce-id": "forged", "x-static": "from-the-row"}
+    ids = db.insert([("order.paid", f"k{i % 7}", p, {"x-trace-id": f"trace-{i}", **spoofed})
                      for i, p in enumerate(payloads)])
     wait_until(lambda: pending(db) == 0, timeout=30, message="all delivered")
 
@@ -116,6 +123,7 @@ def test_2_signatures_verify_independently_with_two_secrets(db, relays, receiver
         assert json.loads(r.body) == payloads[ids.index(r.event_id)]
         assert h["x-trace-id"] == f"trace-{ids.index(r.event_id)}"
         assert h["authorization"] == "Bearer static-token-1234" and h["x-static"] == "yes"
+        assert "outbox-id" not in h and "ce-id" not in h
         # The standardwebhooks reference package accepts it under each secret alone ...
         Webhook(secret_a).verify(r.body, h)
         Webhook(secret_b).verify(r.body, h)
@@ -126,6 +134,9 @@ def test_2_signatures_verify_independently_with_two_secrets(db, relays, receiver
         expected = [f"v1,{base64.b64encode(hmac.new(k, signed, hashlib.sha256).digest()).decode()}" for k in (key_a, key_b)]
         assert h["webhook-signature"].split(" ") == expected
 
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        exposition = response.read().decode()
+    assert f'outbox_relay_headers_dropped_total{{sink="hooks"}} {4 * len(ids)}' in exposition
     logs = relay.raw_logs()
     for secret in (secret_a, secret_b, "static-token-1234"):
         assert secret not in logs

@@ -1,6 +1,8 @@
 #include "core/loop.hpp"
 
 #include <algorithm>
+#include <cctype>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -12,7 +14,8 @@ namespace outbox {
 namespace {
 
 constexpr std::size_t kMaxTrackedRetries = 100000;
-constexpr const char* kNoSink = "relay";  // metric label when the relay itself rejects an event
+constexpr std::size_t kMaxWarnedHeaders = 64;  // (sink, header name) pairs warned about once each
+constexpr const char* kNoSink = "relay";       // metric label when the relay itself rejects an event
 
 // Moves every outcome of `from` to the end of `to`.
 void move_all(std::vector<Completion>& from, std::vector<Completion>& to) {
@@ -45,6 +48,14 @@ const char* to_string(OutcomeKind kind) {
   }
   return "unknown";
 }
+
+bool header_has_prefix(std::string_view name, std::string_view prefix) {
+  if (name.size() < prefix.size()) return false;
+  return std::equal(prefix.begin(), prefix.end(), name.begin(),
+                    [](char p, char n) { return p == static_cast<char>(std::tolower(static_cast<unsigned char>(n))); });
+}
+
+bool is_outbox_header(std::string_view name) { return header_has_prefix(name, "outbox-"); }
 
 std::optional<std::string> parse_headers(const std::string& json, std::vector<Header>& out) {
   out.clear();
@@ -121,6 +132,7 @@ struct RelayLoop::Batch {
   std::vector<Event> events;
   std::vector<Verdict> verdicts;
   std::vector<std::vector<const Event*>> per_sink;       // what each sink gets
+  std::deque<Event> stripped;                            // copies without a sink's reserved headers
   std::vector<std::vector<std::size_t>> per_sink_index;  // its positions in events
 };
 
@@ -324,11 +336,35 @@ RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const KeyHolds& h
   return batch;
 }
 
+std::size_t RelayLoop::strip_reserved_headers(const Sink& sink, Batch& batch, std::vector<const Event*>& events) {
+  std::size_t dropped = 0;
+  for (const Event*& event : events) {
+    const auto reserved = [&](const Header& h) { return sink.reserves_header(h.first); };
+    const auto n = static_cast<std::size_t>(std::count_if(event->headers.begin(), event->headers.end(), reserved));
+    if (n == 0) continue;
+    for (const Header& h : event->headers) {
+      if (reserved(h) && warned_headers_.size() < kMaxWarnedHeaders &&
+          warned_headers_.insert(sink.name() + '\n' + h.first).second) {
+        log::warn("a row header carries a name the sink reserves: dropped (docs/sinks.md, \"Reserved headers\")",
+                  {{"sink", sink.name()}, {"header", h.first}, {"id", event->id}});
+      }
+    }
+    Event& copy = batch.stripped.emplace_back(*event);
+    std::erase_if(copy.headers, reserved);
+    event = &copy;
+    dropped += n;
+  }
+  return dropped;
+}
+
 void RelayLoop::publish(Batch& batch) {
   for (std::size_t s = 0; s < sinks_.size(); ++s) {
-    const auto& events = batch.per_sink[s];
+    auto& events = batch.per_sink[s];
     if (events.empty()) continue;
     Sink& sink = *sinks_[s];
+    if (const std::size_t dropped = strip_reserved_headers(sink, batch, events)) {
+      metrics_.headers_dropped(sink.name(), dropped);
+    }
     const auto started = clock_.now();
     std::vector<Outcome> outcomes;
     try {

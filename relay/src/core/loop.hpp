@@ -115,6 +115,9 @@ class RelayLoop {
   // `events` did not see; their later events are released unpublished.
   Batch prepare(std::vector<Event> events, const KeyHolds& held) const;
   void publish(Batch& batch);  // the sinks' part; may run on a helper thread; does not throw
+  // Points `events` (a sink's share of the batch) at copies without the headers the sink reserves
+  // (Sink::reserves_header); warns once per sink and name. Returns how many it dropped.
+  std::size_t strip_reserved_headers(const Sink& sink, Batch& batch, std::vector<const Event*>& events);
   // Every event of the batch not yet settled gets a retry (the publish work failed as a whole).
   static void retry_unsettled(Batch& batch, const std::string& why);
   // `held_out`: the keys of events neither delivered nor dead-lettered (retried or released).
@@ -134,6 +137,7 @@ class RelayLoop {
   std::vector<Completion> delayed_outcomes_;
   Clock::SteadyTime delayed_since_{};           // when the first of delayed_outcomes_ was left
   std::multiset<Clock::SteadyTime> retry_due_;  // bounded; see kMaxTrackedRetries
+  std::set<std::string> warned_headers_;        // "sink\nheader" warned about (publish's thread)
   DrainPipeline pipeline_;                      // last: its helpers stop before anything above goes away
 };
 

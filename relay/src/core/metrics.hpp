@@ -19,6 +19,8 @@ class Metrics {
   virtual void delivered(const std::string& /*sink*/, double /*commit_to_ack_seconds*/) {}
   virtual void retried(const std::string& /*sink*/) {}
   virtual void dead_lettered(const std::string& /*sink*/) {}
+  // Row headers not sent to a sink because it reserves their names (Sink::reserves_header).
+  virtual void headers_dropped(const std::string& /*sink*/, std::size_t /*headers*/) {}
   virtual void wakeup(WakeSource /*source*/) {}
   virtual void reconnected() {}
   // A failed database operation of any session (work, LISTEN, gauges, retention), by class.

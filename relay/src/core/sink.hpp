@@ -4,6 +4,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,12 @@ struct Outcome {
 
 const char* to_string(OutcomeKind kind);
 
+// Whether header `name` starts with `prefix`, ignoring ASCII case (`prefix` in lower case).
+bool header_has_prefix(std::string_view name, std::string_view prefix);
+// The names every sink reserves: outbox-* (the relay's own headers: outbox-id, which consumers
+// de-duplicate on, outbox-topic, outbox-key, outbox-created-at).
+bool is_outbox_header(std::string_view name);
+
 // A destination for events. publish() blocks until every event has an outcome; it never throws
 // for downstream failures (those are outcomes). Events arrive in id order. Per-key order is the
 // sink's duty within a batch: once an event of key K gets kRetry, the later events of K in the
@@ -50,6 +57,10 @@ class Sink {
   virtual bool usable() const { return true; }
   // Push out anything buffered; called at shutdown. Bounded by timeout.
   virtual void flush(std::chrono::milliseconds /*timeout*/) {}
+  // Whether a row's header of this name must not reach this sink's downstream: a name the sink
+  // sets itself, or one its broker acts on (docs/sinks.md, "Reserved headers"). Any case. The
+  // loop drops such headers before publish(), warns and counts them; a sink may rely on it.
+  virtual bool reserves_header(std::string_view name) const { return is_outbox_header(name); }
 };
 
 // What every sink shares: the name it was configured under, set once. A sink owns connections,

@@ -51,6 +51,7 @@ struct PrometheusMetrics::Impl {
     Counter* published = nullptr;
     Counter* retried = nullptr;
     Counter* dead_lettered = nullptr;
+    Counter* headers_dropped = nullptr;
     Histogram* latency = nullptr;
     Histogram* publish = nullptr;
   };
@@ -70,6 +71,11 @@ struct PrometheusMetrics::Impl {
           .Help(
               "Events given up on (permanent error or max_attempts); sink=\"relay\" when the relay rejected the "
               "event itself (invalid headers, no route)")
+          .Register(registry);
+  Family<Counter>& headers_dropped =
+      prometheus::BuildCounter()
+          .Name("outbox_relay_headers_dropped_total")
+          .Help("Row headers not sent because the sink reserves their names (outbox-*, and per sink: docs/sinks.md)")
           .Register(registry);
   Family<Histogram>& latency = prometheus::BuildHistogram()
                                    .Name("outbox_relay_delivery_latency_seconds")
@@ -166,8 +172,12 @@ struct PrometheusMetrics::Impl {
 
   SinkSeries make_series(const std::string& sink) {
     const prometheus::Labels labels{{"sink", sink}};
-    return {&published.Add(labels), &retried.Add(labels), &dead_lettered.Add(labels),
-            &latency.Add(labels, kLatencyBuckets), &publish.Add(labels, kPublishBuckets)};
+    return {&published.Add(labels),
+            &retried.Add(labels),
+            &dead_lettered.Add(labels),
+            &headers_dropped.Add(labels),
+            &latency.Add(labels, kLatencyBuckets),
+            &publish.Add(labels, kPublishBuckets)};
   }
 
   // Family::Add locks and returns the existing series for known labels, so the fallback for a
@@ -191,7 +201,7 @@ PrometheusMetrics::PrometheusMetrics(const std::vector<std::string>& sink_names,
   for (const auto& name : sink_names) im.sinks.emplace(name, im.make_series(name));
   if (!im.sinks.count(kRelayLabel)) {
     im.sinks.emplace(kRelayLabel, Impl::SinkSeries{nullptr, nullptr, &im.dead_lettered.Add({{"sink", kRelayLabel}}),
-                                                   nullptr, nullptr});
+                                                   nullptr, nullptr, nullptr});
   }
   im.build_info.Add({{"version", version}}).Set(1);
 }
@@ -221,6 +231,12 @@ void PrometheusMetrics::retried(const std::string& sink) {
 }
 
 void PrometheusMetrics::dead_lettered(const std::string& sink) { impl_->series(sink).dead_lettered->Increment(); }
+
+void PrometheusMetrics::headers_dropped(const std::string& sink, std::size_t headers) {
+  auto s = impl_->series(sink);
+  if (!s.headers_dropped) s = impl_->make_series(sink);
+  s.headers_dropped->Increment(static_cast<double>(headers));
+}
 
 void PrometheusMetrics::wakeup(WakeSource source) {
   for (std::size_t i = 0; i < kWakeSources.size(); ++i) {

@@ -37,6 +37,7 @@ class PrometheusMetrics final : public Metrics {
   void delivered(const std::string& sink, double commit_to_ack_seconds) override;
   void retried(const std::string& sink) override;
   void dead_lettered(const std::string& sink) override;
+  void headers_dropped(const std::string& sink, std::size_t headers) override;
   void wakeup(WakeSource source) override;
   void reconnected() override;
   void db_error(DbErrorClass kind) override;

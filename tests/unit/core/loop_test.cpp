@@ -89,14 +89,20 @@ class FakeSink final : public NamedSink {
     std::vector<Outcome> out;
     for (const Event* e : events) {
       seen.push_back(e->id);
+      headers_seen[e->id] = e->headers;
       auto it = script.find(e->id);
       out.push_back(it == script.end() ? Outcome::delivered() : it->second);
     }
     if (short_answer) out.pop_back();
     return out;
   }
+  bool reserves_header(std::string_view name) const override {
+    return is_outbox_header(name) || (!also_reserved.empty() && header_has_prefix(name, also_reserved));
+  }
   std::map<EventId, Outcome> script;
   std::vector<EventId> seen;
+  std::map<EventId, std::vector<Header>> headers_seen;
+  std::string also_reserved;  // a prefix (lower case) this sink reserves beside outbox-*
   bool short_answer = false;
   EventId throws_at = 0;        // publish() throws std::runtime_error on a batch holding this id
   EventId throws_other_at = 0;  // ... throws an int
@@ -110,7 +116,8 @@ class CountingMetrics final : public Metrics {
   }
   void retried(const std::string& sink) override { ++retried_by[sink]; }
   void dead_lettered(const std::string& sink) override { ++dead_by[sink]; }
-  std::map<std::string, int> delivered_by, retried_by, dead_by;
+  void headers_dropped(const std::string& sink, std::size_t n) override { dropped_by[sink] += static_cast<int>(n); }
+  std::map<std::string, int> delivered_by, retried_by, dead_by, dropped_by;
   double last_latency = -1;
 };
 
@@ -252,6 +259,27 @@ TEST_CASE("bad rows are dead-lettered by the loop without reaching a sink") {
   CHECK(f.store.of(3).error == "no route matches topic 'invoice.sent'");
   CHECK(f.store.of(4).kind == Kind::kDelivered);
   CHECK(f.metrics.dead_by["relay"] == 2);
+}
+
+TEST_CASE("a row's headers that a sink reserves never reach it, whatever their case; each sink drops its own") {
+  Fixture f;
+  f.b.also_reserved = "x-";
+  Event spoof = event(1);
+  spoof.headers_json = R"({"outbox-id": "999999", "Outbox-Topic": "spoofed", "x-delay": "5", "trace": "abc"})";
+  Event plain = event(2, "j");
+  plain.headers_json = R"({"trace": "def"})";
+  f.store.batches.push_back({spoof, plain});
+  Router both({}, 2);
+  auto loop = f.make(both, {&f.a, &f.b});
+  CHECK(loop.run_once().delivered == 2);
+  using H = std::vector<Header>;
+  CHECK(f.a.headers_seen[1] == H{{"trace", "abc"}, {"x-delay", "5"}});
+  CHECK(f.b.headers_seen[1] == H{{"trace", "abc"}});
+  CHECK(f.a.headers_seen[2] == H{{"trace", "def"}});
+  CHECK(f.b.headers_seen[2] == H{{"trace", "def"}});
+  CHECK(f.metrics.dropped_by["a"] == 2);
+  CHECK(f.metrics.dropped_by["b"] == 3);
+  CHECK(f.store.of(1).kind == Kind::kDelivered);  // dropped headers do not fail the event
 }
 
 TEST_CASE("several sinks: done when all acknowledged, a retry goes only to the sinks that have not") {

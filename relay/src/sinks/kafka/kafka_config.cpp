@@ -7,6 +7,7 @@
 
 #include "config/duration.hpp"
 #include "config/section.hpp"
+#include "core/sink.hpp"
 #include "log/log.hpp"
 #include "sinks/common/topic_template.hpp"
 #include "sinks/kafka/rdkafka.hpp"
@@ -84,6 +85,10 @@ bool valid_kafka_topic_name(const std::string& name) {
     if (!topic_char(c)) return false;
   }
   return true;
+}
+
+bool is_reserved_kafka_header(std::string_view name) {
+  return is_outbox_header(name) || header_has_prefix(name, "ce_");
 }
 
 KafkaSinkConfig parse_kafka_sink(config::Section& s) {

@@ -5,6 +5,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "sinks/envelope.hpp"
 
@@ -36,6 +37,12 @@ struct KafkaSinkConfig {
 // property against librdkafka (unknown names, bad values) and registers secret values
 // (sasl.password, ssl.key.password, ...) with the log redactor. Throws config::ConfigError.
 KafkaSinkConfig parse_kafka_sink(config::Section& section);
+
+// The row headers the sink never passes on (Sink::reserves_header): outbox-* (its own; a
+// consumer's lastHeader("outbox-id") must read the relay's) and ce_* (CloudEvents' Kafka binding:
+// a CloudEvents deserializer reads a record carrying ce_specversion as an event in binary mode,
+// whatever the sink's format). Any case.
+bool is_reserved_kafka_header(std::string_view name);
 
 // Whether a librdkafka property holds a secret that must never be logged.
 bool is_secret_kafka_property(const std::string& name);

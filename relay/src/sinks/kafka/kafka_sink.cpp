@@ -84,6 +84,8 @@ struct KafkaSinkImpl final : public KafkaSink {
     topic_auto_create = auto_create == config.properties.end() || auto_create->second == "true";
   }
 
+  bool reserves_header(std::string_view header) const override { return is_reserved_kafka_header(header); }
+
   const KafkaSinkConfig config;
   bool topic_auto_create = true;
 

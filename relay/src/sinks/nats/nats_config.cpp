@@ -7,6 +7,7 @@
 
 #include "config/duration.hpp"
 #include "config/section.hpp"
+#include "core/sink.hpp"
 #include "log/log.hpp"
 #include "sinks/common/topic_template.hpp"
 
@@ -136,12 +137,8 @@ bool valid_nats_header_value(const std::string& value) {
   return value.find_first_of(std::string("\r\n\0", 3)) == std::string::npos;
 }
 
-bool is_reserved_nats_header(const std::string& name) {
-  if (name.size() < 5) return false;
-  std::string prefix = name.substr(0, 5);
-  std::transform(prefix.begin(), prefix.end(), prefix.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return prefix == "nats-";
+bool is_reserved_nats_header(std::string_view name) {
+  return is_outbox_header(name) || header_has_prefix(name, "nats-") || header_has_prefix(name, "ce-");
 }
 
 NatsSinkConfig parse_nats_sink(config::Section& s) {

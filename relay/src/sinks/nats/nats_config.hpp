@@ -5,6 +5,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace outbox::config {
@@ -68,8 +69,9 @@ bool valid_nats_subject(const std::string& subject);
 // or LF.
 bool valid_nats_header_name(const std::string& name);
 bool valid_nats_header_value(const std::string& value);
-// Headers that steer JetStream (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup, ...): the sink sets
-// Nats-Msg-Id itself and never passes a row's Nats-* header on.
-bool is_reserved_nats_header(const std::string& name);
+// The row headers the sink never passes on (Sink::reserves_header): outbox-*, Nats-* (they steer
+// JetStream: Nats-Msg-Id, which the sink sets, Nats-Expected-*, Nats-Rollup, ...) and ce-*
+// (CloudEvents' NATS binding). Any case.
+bool is_reserved_nats_header(std::string_view name);
 
 }  // namespace outbox::sinks

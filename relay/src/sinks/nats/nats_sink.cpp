@@ -55,6 +55,8 @@ struct NatsSink final : public NamedSink {
     bool duplicate = false;
   };
 
+  bool reserves_header(std::string_view header) const override { return is_reserved_nats_header(header); }
+
   const NatsSinkConfig config;
   std::atomic<bool> connected{false};
   std::atomic<bool> closing{false};  // the sink is being destroyed: a disconnect is expected
@@ -213,14 +215,9 @@ struct NatsSink final : public NamedSink {
                : Outcome::retry(std::move(reason));
   }
 
-  struct Dropped {
-    std::size_t count = 0;
-    std::string example;
-  };
-
   // Publishes one event asynchronously. nullopt: nats.c has it and its PubAck will come to
   // pub_ack(); otherwise the event's outcome (it was not published).
-  std::optional<Outcome> send(std::size_t index, const Event& event, Dropped& dropped) {
+  std::optional<Outcome> send(std::size_t index, const Event& event) {
     const std::string subject = render_subject(config.subject, event.topic);
     if (!valid_nats_subject(subject)) {
       return Outcome::permanent("invalid NATS subject '" + subject + "' from subject template '" + config.subject +
@@ -241,11 +238,6 @@ struct NatsSink final : public NamedSink {
     if (s == NATS_OK) s = natsMsgHeader_Set(msg.get(), "outbox-created-at", event.created_at.c_str());
     for (const auto& [header, value] : event.headers) {
       if (s != NATS_OK) break;
-      if (is_reserved_nats_header(header)) {
-        ++dropped.count;
-        dropped.example = header;
-        continue;
-      }
       if (!valid_nats_header_name(header)) {
         return Outcome::permanent("row header '" + header +
                                   "' cannot be a NATS header name (printable ASCII without ':' or spaces)");
@@ -340,7 +332,6 @@ struct NatsSink final : public NamedSink {
     std::vector<std::optional<Outcome>> results(n);
     std::vector<char> sent(n, 0);
     std::size_t outstanding = 0, duplicates = 0;
-    Dropped dropped;
     auto decide = [&](const Ack& ack) {
       if (ack.status == NATS_OK) {
         results[ack.index] = Outcome::delivered();
@@ -361,7 +352,7 @@ struct NatsSink final : public NamedSink {
       while (outstanding < max_in_flight && !ready.empty() && connected && SteadyClock::now() < deadline) {
         const std::size_t i = ready.front();
         ready.pop_front();
-        auto failed = send(i, *events[i], dropped);
+        auto failed = send(i, *events[i]);
         if (!failed) {
           sent[i] = 1;
           ++outstanding;
@@ -410,10 +401,6 @@ struct NatsSink final : public NamedSink {
         held.hold(event.key, event.id);
       }
       outcomes.push_back(std::move(*results[i]));
-    }
-    if (dropped.count > 0) {
-      log::warn("nats: row headers named Nats-* were not sent (they steer JetStream)",
-                {{"sink", name()}, {"headers", dropped.count}, {"example", dropped.example}});
     }
     if (duplicates > 0) {
       log::info("nats: JetStream reported re-sent events as duplicates (already stored; counted delivered)",

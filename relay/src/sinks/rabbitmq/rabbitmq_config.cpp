@@ -7,6 +7,7 @@
 
 #include "config/duration.hpp"
 #include "config/section.hpp"
+#include "core/sink.hpp"
 #include "log/log.hpp"
 
 namespace outbox::sinks {
@@ -93,6 +94,12 @@ std::string render_rabbitmq_template(const std::string& text, const std::string&
     }
   }
   return out;
+}
+
+bool is_reserved_rabbitmq_header(std::string_view name) {
+  const auto is = [&](std::string_view exact) { return name.size() == exact.size() && header_has_prefix(name, exact); };
+  return is_outbox_header(name) || is("cc") || is("bcc") || header_has_prefix(name, "x-") ||
+         header_has_prefix(name, "cloudevents");
 }
 
 RabbitmqSinkConfig parse_rabbitmq_sink(config::Section& s) {

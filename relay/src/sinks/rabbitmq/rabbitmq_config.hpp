@@ -13,6 +13,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "sinks/tls_client.hpp"
 
@@ -56,6 +57,12 @@ inline constexpr std::size_t kMaxAmqpShortString = 255;
 // URL's password with the log redactor before anything can print it. Throws config::ConfigError
 // naming the key.
 RabbitmqSinkConfig parse_rabbitmq_sink(config::Section& section);
+
+// The row headers the sink never passes on (Sink::reserves_header): outbox-* (its own), CC and
+// BCC (RabbitMQ routes a message to their routing keys too: sender-selected distribution), x-*
+// (what RabbitMQ and its plugins act on: x-delay, x-deduplication-header, ...) and cloudEvents*
+// (CloudEvents' AMQP binding). Any case.
+bool is_reserved_rabbitmq_header(std::string_view name);
 
 // The effective settings for the startup log, the password as *****.
 nlohmann::json describe_rabbitmq_sink(const RabbitmqSinkConfig& config);

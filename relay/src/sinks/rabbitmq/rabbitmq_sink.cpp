@@ -59,6 +59,8 @@ struct RabbitmqSink final : public NamedSink {
   RabbitmqSink(std::string sink_name, RabbitmqSinkConfig sink_config)
       : NamedSink(std::move(sink_name)), config(std::move(sink_config)) {}
 
+  bool reserves_header(std::string_view header) const override { return is_reserved_rabbitmq_header(header); }
+
   const RabbitmqSinkConfig config;
 
   // Held by publish() and by the keeper between batches; the connection is used only under it.
@@ -335,7 +337,6 @@ struct RabbitmqSink final : public NamedSink {
     add(kCreatedAt, e.created_at);
     std::size_t total = 0;
     for (const auto& [header, value] : e.headers) {
-      if (header == kId || header == kTopic || header == kKey || header == kCreatedAt) continue;  // ours
       if (header.empty() || header.size() > kMaxHeaderKey) {
         return "header name '" + header.substr(0, 40) + "' is empty or longer than 128 bytes (AMQP table key)";
       }

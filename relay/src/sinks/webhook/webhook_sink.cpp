@@ -66,14 +66,6 @@ std::string_view trim_line(std::string_view text) {
   return text;
 }
 
-bool starts_with_nocase(std::string_view text, std::string_view prefix) {
-  if (text.size() < prefix.size()) return false;
-  for (std::size_t i = 0; i < prefix.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(text[i])) != prefix[i]) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 namespace webhook {
@@ -109,7 +101,7 @@ struct Transfer {
     try {
       if (line.substr(0, 5) == "HTTP/") {
         t->retry_after.clear();  // a new response begins (after a 1xx): only the final one counts
-      } else if (starts_with_nocase(line, "retry-after:")) {
+      } else if (header_has_prefix(line, "retry-after:")) {
         t->retry_after = trim_line(line.substr(12));
       }
     } catch (const std::bad_alloc&) {
@@ -134,7 +126,6 @@ struct Client {
   std::set<std::string> static_header_names;  // lower case
   MultiPtr multi;
   std::vector<std::unique_ptr<Transfer>> transfers;  // max_in_flight slots
-  std::set<std::string> warned_headers;              // the publishing thread only
 
   ~Client() { detach_all(); }
 
@@ -180,7 +171,7 @@ struct Client {
     return t;
   }
 
-  // format: json: the row's headers, except those the sink or its config sets. Returns why the
+  // format: json: the row's headers (the loop dropped those reserves_header names). Returns why the
   // event can never be sent, if so.
   std::optional<std::string> append_row_headers(SlistPtr& list, const Event& e) {
     for (const auto& [hname, value] : e.headers) {
@@ -189,14 +180,6 @@ struct Client {
       }
       if (!is_valid_header_value(value)) {
         return "invalid value of event header '" + hname + "': it contains CR, LF or NUL";
-      }
-      const std::string key = lower(hname);
-      if (is_reserved_webhook_header(key) || static_header_names.count(key)) {
-        if (warned_headers.insert(key).second) {
-          log::warn("webhook sink ignores an event header that the sink or its config sets",
-                    {{"sink", name}, {"header", hname}});
-        }
-        continue;
       }
       append(list, header_line(hname, value));
     }
@@ -245,6 +228,12 @@ class WebhookSink final : public NamedSink {
   WebhookSink(std::string name, WebhookSinkConfig config);
   std::vector<Outcome> publish(std::span<const Event* const> events) override;
   bool usable() const override { return usable_.load(); }
+  // outbox-*, webhook-* (Standard Webhooks), ce-* (CloudEvents' HTTP binding, which a receiver may
+  // read in either format), the framing headers, and the headers the sink's config sets.
+  bool reserves_header(std::string_view name) const override {
+    return is_outbox_header(name) || header_has_prefix(name, "webhook-") || header_has_prefix(name, "ce-") ||
+           is_reserved_webhook_header(std::string(name)) || client_.static_header_names.count(lower(std::string(name)));
+  }
 
  private:
   Client client_;

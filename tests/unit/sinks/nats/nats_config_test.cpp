@@ -131,7 +131,10 @@ TEST_CASE("nats config: subjects and headers") {
   CHECK(sinks::is_reserved_nats_header("Nats-Msg-Id"));
   CHECK(sinks::is_reserved_nats_header("nats-expected-stream"));
   CHECK_FALSE(sinks::is_reserved_nats_header("natsy"));
-  CHECK_FALSE(sinks::is_reserved_nats_header("outbox-id"));
+  CHECK(sinks::is_reserved_nats_header("outbox-id"));
+  CHECK(sinks::is_reserved_nats_header("Outbox-Topic"));
+  CHECK(sinks::is_reserved_nats_header("ce-id"));
+  CHECK_FALSE(sinks::is_reserved_nats_header("traceparent"));
 }
 
 TEST_CASE("nats config: the registry builds the sink; it connects in the background") {
