@@ -146,3 +146,34 @@ def test_a_table_that_shadows_the_outbox_on_the_relays_path_is_refused_by_name(d
                message="the real outbox's event")
     assert relay.stop() == 0
     assert hostile.records() == []
+
+
+def test_the_relays_role_reads_a_writers_query_text_only_where_pg_stat_activity_shows_it(db, hostile):
+    """outbox_writers() runs as its owner (it must read every writer's locks and state); the query
+    text it hands the relay's role follows pg_stat_activity's rule for that role (schema 11)."""
+    secret = "card=4111111111111111 cvv=123"
+    writer = psycopg.connect(hostile.writer_url)
+    try:
+        writer.execute("INSERT INTO public.outbox_events (topic, aggregate_id, payload) "
+                       f"VALUES ('t', 'k', '{{}}') /* {secret} */")
+        with psycopg.connect(hostile.relay_url, autocommit=True) as r:
+            def reading():
+                rows = r.execute("SELECT query, state, pid, application_name FROM public.outbox_writers() "
+                                 "WHERE vxid IS NOT NULL").fetchall()
+                assert len(rows) == 1, rows
+                return rows[0]
+
+            def activity():
+                return r.execute("SELECT query FROM pg_stat_activity WHERE usename = %s",
+                                 (hostile.writer,)).fetchone()[0]
+
+            query, state, pid, _ = reading()
+            assert query == activity() == "<insufficient privilege>"
+            assert state == "idle in transaction" and pid is not None  # what the report needs stays
+            with db.connect() as c:
+                c.execute(f"GRANT pg_read_all_stats TO {hostile.relay}")  # the operator opts in
+            query, *_ = reading()
+            assert secret in query and activity() == query
+    finally:
+        writer.rollback()
+        writer.close()

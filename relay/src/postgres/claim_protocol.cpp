@@ -211,22 +211,23 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
   const std::string name = names.function("claim");
   {
     pqxx::nontransaction q(c);
-    // The schema this relay was built for is the one with its claim function; an older one is
-    // refused (`migrate` first: it runs online, writers and older relays keep working through it).
-    // The version, for the message, only where the relay's role may read the migrations' table.
+    // The schema this relay was built for: its claim function, and kSchemaVersion recorded where
+    // the relay's role may read the migrations' table (a later schema may change only what the
+    // claim does not call, as 11 did). An older one is refused (`migrate` first: it runs online,
+    // writers and older relays keep working through it).
     const auto r = q.exec_params1(
         "SELECT to_regprocedure($1) IS NOT NULL, "
         "coalesce(has_table_privilege(to_regclass($2), 'SELECT'), false)",
         name + kClaimFunctionArgs, names.migrations);
-    if (!r[0].as<bool>()) {
-      int version = -1;
-      if (r[1].as<bool>()) {
-        const auto v = q.exec_params1(
-            "SELECT coalesce(max(m.version), 0) FROM " + names.migrations + " AS m WHERE m.table_name = $1", opt.table);
-        version = v[0].as<int>();
-      }
-      throw SchemaTooOld(opt.table, version);
+    int version = -1;
+    if (r[1].as<bool>()) {
+      const auto v = q.exec_params1(
+          "SELECT coalesce(max(m.version), 0) FROM " + names.migrations + " AS m WHERE m.table_name = $1", opt.table);
+      version = v[0].as<int>();
     }
+    // 0: nothing recorded under this spelling of the table's name (migrated as `outbox_events`, run
+    // as `public.outbox_events`): the function decides.
+    if (!r[0].as<bool>() || (version > 0 && version < kSchemaVersion)) throw SchemaTooOld(opt.table, version);
   }
   c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
                                   "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
