@@ -14,6 +14,8 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -294,6 +296,27 @@ def unique(prefix: str) -> str:
     """prefix plus 8 random hex digits: a topic, stream or key no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
+
+
+def http_get(port: int, path: str):
+    """(status, body text) of GET http://127.0.0.1:port/path on a relay's HTTP server; a 503 is an
+    answer, not an error; (0, "") when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except (urllib.error.URLError, ConnectionError):
+        return 0, ""
+
+
+def metric(text: str, name: str):
+    """The value of the first sample of `name` in a /metrics exposition (name may carry its labels,
+    as exposed: 'x_total{source="notify"}'), or None."""
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 def pending(db: Database) -> int:
     """Events neither processed nor dead-lettered."""

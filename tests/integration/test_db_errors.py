@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 import uuid
 
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Database, free_port, read_jsonl, run_cli, wait_until
+from conftest import Database, free_port, http_get, read_jsonl, run_cli, wait_until
 
 CAP_S = 2.0  # database.reconnect.max in these tests
 # How long a step may take beyond the cap on a loaded 2-core machine (process start, a poll).
@@ -24,15 +22,6 @@ ERROR_MSG = "database refuses the relay, an operator has to act"
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-def http_get(port: int, path: str):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-    except (urllib.error.URLError, ConnectionError):
-        return 0, ""
 
 
 def db_errors(port: int) -> dict:

@@ -4,13 +4,17 @@ for the outbox. Every object the writer makes records `current_user` into a tabl
 insert into; the relay's role must never show up there."""
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
 import psycopg
 import pytest
 
-from conftest import base_config, file_sink, pending, read_jsonl, run_cli, run_config, wait_until
+from conftest import (base_config, file_sink, free_port, http_get, metric, pending, read_jsonl, run_cli, run_config,
+                      wait_until)
+
+
 
 # An operator over the lane's type (smallint or integer on the right: no exact match in pg_catalog)
 # that the writer defines in a schema. Like every object of the writer's here, it records who ran
@@ -177,3 +181,56 @@ def test_the_relays_role_reads_a_writers_query_text_only_where_pg_stat_activity_
     finally:
         writer.rollback()
         writer.close()
+
+
+def test_a_writers_notify_flood_wakes_the_relay_at_most_once_per_idle_poll_and_an_operators_retry_still_goes_out(
+        db, hostile, relays, workdir):
+    """Any role may NOTIFY the relay's channel (Postgres has no privilege for it). A writer sending
+    ~10,000 a second wakes the relay at most once per idle_poll_interval (each wake is a drain from
+    the start); an operator's `failed retry` during the flood is delivered as promptly as ever.
+    bench/notify_flood.sh measures the CPU."""
+    out = workdir / "events.jsonl"
+    port = free_port()
+    config = base_config(db, file_sink(out), idle_poll_interval="100ms")
+    config["http"] = {"enabled": True, "listen": f"127.0.0.1:{port}"}
+    relay = relays(config)
+    relay.wait_log("ordering lanes rebalanced")
+    [poison] = db.insert([("t", "k", {"i": 0}, {"n": 1})])  # a header that is not a string: dead-lettered
+    wait_until(lambda: db.scalar("SELECT dead_lettered_at IS NOT NULL FROM outbox_events WHERE id = %s", (poison,)),
+               message="the poison row dead-lettered")
+    db.query("UPDATE outbox_events SET headers = '{}' WHERE id = %s RETURNING id", (poison,))
+
+    def notify_wakeups():
+        return metric(http_get(port, "/metrics")[1], 'outbox_relay_wakeups_total{source="notify"}') or 0.0
+
+    before = notify_wakeups()
+    stop, sent = threading.Event(), [0]
+
+    def flood():
+        with psycopg.connect(hostile.writer_url) as w:
+            while not stop.is_set():
+                w.execute("SELECT pg_notify('outbox_wakeup', 'x' || g) FROM generate_series(1, 100) AS g")
+                w.commit()
+                sent[0] += 100
+                time.sleep(0.01)
+
+    flooder = threading.Thread(target=flood)
+    started = time.monotonic()
+    flooder.start()
+    try:
+        time.sleep(2.0)
+        retried_at = time.monotonic()
+        run_cli("failed", "retry", "--id", str(poison), env={"DATABASE_URL": db.url})
+        wait_until(lambda: poison in [l["id"] for l in read_jsonl(out)], timeout=5, message="the retried event")
+        retry_seconds = time.monotonic() - retried_at
+        time.sleep(max(0.0, 5.0 - (time.monotonic() - started)))
+    finally:
+        stop.set()
+        flooder.join()
+    seconds = time.monotonic() - started
+    woken = notify_wakeups() - before
+    assert sent[0] / seconds > 4000, f"the flood was too slow to tell anything: {sent[0] / seconds:.0f}/s"
+    # One ring per 100 ms at most, a few more around the edges (and the retry's own NOTIFY).
+    assert woken <= seconds / 0.1 + 3, f"{woken:.0f} notify wakeups in {seconds:.1f}s of {sent[0]} NOTIFYs"
+    assert retry_seconds < 2.0, f"the retried event took {retry_seconds:.2f}s during the flood"
+    assert relay.stop() == 0

@@ -25,14 +25,12 @@ import json
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import psycopg
 import pytest
 
 from sink_tail import SinkTail
-from conftest import base_config, free_port, wait_until
+from conftest import base_config, free_port, http_get, metric, wait_until
 
 SEQ = "outbox_events_id_seq"
 
@@ -50,20 +48,6 @@ def out_of_order_pairs(records):
     return bad
 
 
-def http_get(port, path):
-    """(status, body) of a GET on the relay's HTTP server; a 503 is an answer, not an error."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def metric(text, name):
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def seqcache(db):

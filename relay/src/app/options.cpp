@@ -44,6 +44,9 @@ pg::WatchOptions watch_options(const config::Config& config) {
   // long as the polls of a watched relay are apart.
   o.check = config.relay.idle_poll_interval;
   o.length = config.relay.watched_poll_interval;
+  // A NOTIFY wakes the relay at most as often as it polls when idle: a flood from any role costs
+  // a drain per idle_poll_interval at most.
+  o.notify_every = config.relay.idle_poll_interval;
   return o;
 }
 

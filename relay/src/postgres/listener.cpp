@@ -2,27 +2,32 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <random>
+#include <utility>
 
 #include "core/reconnect.hpp"
 #include "log/log.hpp"
 #include "postgres/idle_watch.hpp"
+#include "postgres/notify_pacer.hpp"
 #include "postgres/pooler.hpp"
 #include "postgres/session.hpp"
 
 namespace outbox::pg {
 namespace {
 
+// Counts what arrives; the session rings the bell for them, paced (NotifyPacer).
 class Receiver final : public pqxx::notification_receiver {
  public:
-  Receiver(pqxx::connection_base& conn, const std::string& channel, Bell& bell)
-      : pqxx::notification_receiver(conn, channel), bell_(bell) {}
-  void operator()(const std::string& /*payload*/, int /*backend_pid*/) override { bell_.ring(WakeSource::kNotify); }
+  Receiver(pqxx::connection_base& conn, const std::string& channel) : pqxx::notification_receiver(conn, channel) {}
+  void operator()(const std::string& /*payload*/, int /*backend_pid*/) override { ++arrived_; }
+  // How many arrived since the last call.
+  long long take() { return std::exchange(arrived_, 0); }
 
  private:
-  Bell& bell_;
+  long long arrived_ = 0;
 };
 
 // The sequence to watch, or why not. A table whose enabled triggers notify (schema 1, or the
@@ -70,11 +75,13 @@ constexpr const char* kWatchSql =
     "   OR pg_sleep($4::float8) IS NULL "
     "LIMIT 1";
 
-// Blocks until the session's socket or the bell's watcher fd is readable (or a while passed: a
-// backstop, the bell's fd is what wakes it).
-void wait_readable(int sock, int bell_fd) {
+// Blocks until the session's socket or the bell's watcher fd is readable, or for at most
+// `timeout_ms` (a backstop without a ring held back: the bell's fd is what wakes it).
+void wait_readable(int sock, int bell_fd, int timeout_ms) {
   pollfd fds[2] = {{sock, POLLIN, 0}, {bell_fd, POLLIN, 0}};
-  if (::poll(fds, 2, 10'000) < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
+  if (::poll(fds, 2, timeout_ms) < 0 && errno != EINTR) {
+    throw std::system_error(errno, std::generic_category(), "poll");
+  }
 }
 
 }  // namespace
@@ -128,8 +135,8 @@ void Listener::interrupt() {
 // and while the relay is idle, watches the id sequence. Tells reconnect once it is connected.
 void Listener::session(Reconnect& reconnect, const WatchStatement& statement) {
   auto conn = open_session(url_, "listener");
-  ensure_own_backend(*conn, url_);            // LISTEN on a pooled backend would hear nothing for us
-  Receiver receiver(*conn, channel_, bell_);  // issues LISTEN, committed at once
+  ensure_own_backend(*conn, url_);     // LISTEN on a pooled backend would hear nothing for us
+  Receiver receiver(*conn, channel_);  // issues LISTEN, committed at once
   if (reconnect.connected() == 0) log::info("listening", {{"channel", channel_}});
   bell_.ring(WakeSource::kStartup);  // catch up on whatever was committed before LISTEN
 
@@ -142,6 +149,13 @@ void Listener::session(Reconnect& reconnect, const WatchStatement& statement) {
     pqxx::nontransaction(*conn).exec0("SET statement_timeout = 0");  // a watch lasts ~watch.length
   }
   IdleWatch idle(watch_.enabled);
+  NotifyPacer pacer(watch_.notify_every);
+  // The notifications libpq has read (with the last statement, or now from the socket): a ring,
+  // at once or held (pacer).
+  const auto take_notifications = [&] {
+    conn->get_notifs();
+    if (receiver.take() > 0 && pacer.arrived(clock_.now())) bell_.ring(WakeSource::kNotify);
+  };
   for (;;) {
     // Drained before the bell and the offer are read: a stop or an offer made after this makes
     // it readable again, so the wait below cannot miss either.
@@ -154,11 +168,16 @@ void Listener::session(Reconnect& reconnect, const WatchStatement& statement) {
       }
       bell_.set_watcher(idle.watching());
     }
-    const auto after = idle.watching() ? idle.watch_above(bell_.watch_offer()) : std::nullopt;
+    if (pacer.take_due(clock_.now())) bell_.ring(WakeSource::kNotify);
+    // No watch while a ring is held: it would wait for the statement's end.
+    const auto held = pacer.due();
+    const auto after = idle.watching() && !held ? idle.watch_above(bell_.watch_offer()) : std::nullopt;
     if (!after) {
-      conn->get_notifs();  // any that libpq read with the last statement
-      wait_readable(conn->sock(), bell_.watcher_fd());
-      conn->get_notifs();
+      take_notifications();  // any that libpq read with the last statement
+      const auto wait = pacer.due() ? std::chrono::ceil<std::chrono::milliseconds>(*pacer.due() - clock_.now())
+                                    : std::chrono::milliseconds(10'000);
+      wait_readable(conn->sock(), bell_.watcher_fd(), static_cast<int>(std::max<long long>(0, wait.count())));
+      take_notifications();
       continue;
     }
     long long last = 0;
@@ -188,7 +207,7 @@ void Listener::session(Reconnect& reconnect, const WatchStatement& statement) {
       bell_.set_watcher(false);
       continue;
     }
-    conn->get_notifs();  // what arrived during the statement
+    take_notifications();  // what arrived during the statement
     if (IdleWatch::new_id(last, *after)) bell_.ring_watch(*after);
   }
 }

@@ -2,7 +2,8 @@
 // The dedicated LISTEN session: its own thread and connection. It LISTENs, and watches the id
 // sequence for an idle relay.
 // Order at start and after every reconnect: LISTEN (autocommit), then ring the bell so the loop
-// catches up from the table. A notification only rings the bell; it carries no data.
+// catches up from the table. A notification only rings the bell; it carries no data. Rings for
+// notifications are paced (postgres/notify_pacer.hpp): any role may send them.
 // The idle watch: while the loop offers it (Waiter::offer_watch), this session runs one statement
 // of about `watch.length` that reads the table's id sequence every `watch.check` (the backend
 // sleeps in between) and returns once an id above the offer was drawn; the thread then rings
@@ -37,6 +38,8 @@ struct WatchOptions {
   std::string table;
   std::chrono::milliseconds check;   // between two reads of the sequence
   std::chrono::milliseconds length;  // of one watch statement
+  // At most one ring for notifications per this long (NotifyPacer): any role may NOTIFY.
+  std::chrono::milliseconds notify_every;
 };
 
 class Listener {

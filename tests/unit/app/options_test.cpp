@@ -79,4 +79,5 @@ TEST_CASE("options: the file's settings reach the structs") {
   CHECK_FALSE(watch.enabled);
   CHECK(watch.table == "app.events");
   CHECK(watch.check == milliseconds(250));
+  CHECK(watch.notify_every == milliseconds(250));  // a NOTIFY wakes it at most as often as it polls idle
 }
