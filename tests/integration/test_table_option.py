@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from conftest import run_cli
+from conftest import base_config, file_sink, run_cli, run_config
 
 RULE = "--table: expected a lower-case table name (optionally schema.table), got"
 
@@ -58,3 +58,37 @@ def test_schema_qualified_and_quoted_names_keep_working(db, spelling):
     assert [t["topic"] for t in status["topics"]] == ["order.paid"]
     # The default table is untouched.
     assert db.scalar("SELECT count(*) FROM outbox_events") == 0
+
+
+def test_a_second_outbox_table_of_the_same_name_cannot_take_the_firsts_functions(db, workdir):
+    """Issue 43: `s1.outbox_events` and `s2.outbox_events` both name their functions outbox_*, in the
+    schema migrate runs in; the second migrate replaced the first's, and a relay of one marked the
+    other's events processed without delivering them. migrate refuses the second table, and a relay
+    whose functions serve another table (an installation made before) exits 1 naming both."""
+    with db.connect() as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS s2")
+    env = {"DATABASE_URL": db.url}
+    proc = run_cli("--table", "s2.outbox_events", "migrate", env=env, check=False)
+    assert proc.returncode != 0
+    assert "the function outbox_claim(" in proc.stderr and "serves table public.outbox_events, not " \
+        "s2.outbox_events" in proc.stderr, proc.stderr
+    assert db.scalar("SELECT to_regclass('s2.outbox_events')") is None, "nothing of the refused migrate is left"
+    [first] = db.insert([("order.paid", "k", {"i": 1})])
+
+    # An installation made before this check: s2's table beside the shared functions, recorded as
+    # migrated. Its relay refuses to start; s2's event stays pending, not marked.
+    with db.connect() as conn:
+        conn.execute("CREATE TABLE s2.outbox_events (LIKE public.outbox_events INCLUDING ALL)")
+        conn.execute("CREATE SEQUENCE s2.outbox_events_id_seq OWNED BY s2.outbox_events.id")
+        conn.execute("ALTER TABLE s2.outbox_events ALTER id SET DEFAULT nextval('s2.outbox_events_id_seq')")
+        conn.execute("INSERT INTO outbox_schema_migrations (table_name, version, name) "
+                     "SELECT 's2.outbox_events', version, name FROM outbox_schema_migrations "
+                     "WHERE table_name = 'outbox_events'")
+        conn.execute("INSERT INTO s2.outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', 'k', '{}')")
+    s2 = base_config(db, file_sink(workdir / "s2.jsonl"))
+    s2["database"]["table"] = "s2.outbox_events"
+    refused = run_config(workdir, s2, timeout=20)
+    assert refused.returncode == 1, refused.stderr
+    assert "serves table public.outbox_events, not s2.outbox_events" in refused.stderr, refused.stderr
+    assert db.scalar("SELECT count(*) FROM s2.outbox_events WHERE processed_at IS NULL") == 1
+    assert db.scalar("SELECT processed_at FROM public.outbox_events WHERE id = %s", (first,)) is None

@@ -181,11 +181,6 @@ std::vector<Event> split_claim_rows(const pqxx::result& rows, OnSummary&& on_sum
   return events;
 }
 
-// Schema 10's claim function, lane by lane (the only one this relay calls).
-constexpr const char* kClaimFunctionArgs =
-    "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[], "
-    "timestamptz)";
-
 // A bigint[] in Postgres's text form ("{1,2,3}"), as 64 lanes; one element: every lane's.
 LaneIds parse_lane_ids(const std::string& text) {
   LaneIds out{};
@@ -228,6 +223,9 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
     // 0: nothing recorded under this spelling of the table's name (migrated as `outbox_events`, run
     // as `public.outbox_events`): the function decides.
     if (!r[0].as<bool>() || (version > 0 && version < kSchemaVersion)) throw SchemaTooOld(opt.table, version);
+    if (auto other = functions_of_another_table(q, name + kClaimFunctionArgs, names.table)) {
+      throw AmbiguousTable("database.table '" + opt.table + "': " + *other);
+    }
   }
   c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
                                   "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "

@@ -76,6 +76,10 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
       const auto done =
           tx.exec_params("SELECT coalesce(max(version), 0) FROM outbox_schema_migrations WHERE table_name = $1", table);
       result.current_version = done[0][0].as<int>();
+      // The functions the migrations would make (or replace) serve another table: nothing is done.
+      if (auto other = functions_of_another_table(tx, function_prefix(table) + "_claim" + kClaimFunctionArgs, table)) {
+        throw std::runtime_error("migrate refused: " + *other);
+      }
       for (const auto& m : embedded_migrations()) {
         if (m.version <= result.current_version) continue;
         if (to_version > 0 && m.version > to_version) break;

@@ -65,6 +65,31 @@ SELECT (SELECT n.nspname
   FROM pg_catalog.pg_class AS t WHERE t.oid = $1::pg_catalog.oid
 )sql";
 
+// $1 the function (regprocedure text), $2 the table as configured. The table's qualified name as
+// the function's body names it (schema 10 writes format('%I.%I')), whether the body names it as a
+// whole identifier, and else the first table of that name the body does name.
+constexpr const char* kFunctionServes = R"sql(
+WITH t AS (
+  SELECT coalesce((SELECT pg_catalog.format('%I.%I', n.nspname, c.relname)
+                     FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+                    WHERE c.oid = pg_catalog.to_regclass($2)),
+                  (SELECT CASE WHEN pg_catalog.cardinality(i) = 1
+                               THEN pg_catalog.format('%I.%I', pg_catalog.current_schema(), i[1])
+                               ELSE pg_catalog.format('%I.%I', i[1], i[2]) END
+                     FROM pg_catalog.parse_ident($2) AS i)) AS q),
+f AS (
+  SELECT p.oid::pg_catalog.regprocedure::text AS fn, pg_catalog.pg_get_functiondef(p.oid) AS def
+    FROM pg_catalog.pg_proc AS p WHERE p.oid = pg_catalog.to_regprocedure($1))
+SELECT f.fn, t.q,
+       (SELECT pg_catalog.format('%I.%I', n.nspname, c.relname)
+          FROM pg_catalog.pg_class AS c JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+         WHERE c.relkind IN ('r', 'p') AND c.relname = (pg_catalog.parse_ident(t.q))[2]
+           AND pg_catalog.strpos(f.def, pg_catalog.format('%I.%I', n.nspname, c.relname) || ' ') > 0
+         ORDER BY n.nspname LIMIT 1)
+  FROM f, t
+ WHERE pg_catalog.strpos(f.def, t.q || ' ') = 0
+)sql";
+
 std::mutex names_mutex;
 std::map<std::pair<std::string, std::string>, TableNames> names_cache;
 
@@ -108,6 +133,19 @@ TableNames table_names(const std::string& url, const std::string& table) {
   std::lock_guard lock(names_mutex);
   names_cache.emplace(std::make_pair(url, table), out);
   return out;
+}
+
+std::optional<std::string> functions_of_another_table(pqxx::transaction_base& tx, const std::string& function,
+                                                      const std::string& table) {
+  const auto r = tx.exec_params(kFunctionServes, function, table);
+  if (r.empty()) return std::nullopt;
+  const std::string fn = r[0][0].as<std::string>(), ours = r[0][1].as<std::string>();
+  const std::string theirs = r[0][2].is_null() ? std::string("another table") : "table " + r[0][2].as<std::string>();
+  return "the function " + fn + " serves " + theirs + ", not " + ours +
+         ": two outbox tables of one name in two "
+         "schemas share their functions (named after the table's name, in one schema), and one's relay would mark "
+         "the other's events processed. Give each outbox table its own name (ALTER TABLE " +
+         ours + " RENAME TO <name>_events, then migrate it), or keep them in two databases";
 }
 
 std::string sqlstate_of(const std::exception& e) {

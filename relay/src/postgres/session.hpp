@@ -4,6 +4,7 @@
 #include <pqxx/pqxx>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/store.hpp"
@@ -34,6 +35,22 @@ struct TableNames {
 // table exists, so a table made later to shadow it changes nothing. Throws pqxx errors when the
 // database cannot be reached (the caller's reconnect retries).
 TableNames table_names(const std::string& url, const std::string& table);
+
+// Schema 10's claim function's arguments, lane by lane (the only one this relay calls).
+inline constexpr const char* kClaimFunctionArgs =
+    "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[], "
+    "timestamptz)";
+
+// Two outbox tables whose functions are one: a table's functions are named after the bare table
+// name (function_prefix) in one schema, so `s1.outbox_events` and `s2.outbox_events` both make
+// `outbox_claim` where `migrate` runs; the second migrate replaced the first's and the first
+// table's events were marked processed by the second's relay (issue 43). Returns why `function`
+// (a regprocedure text: "public.outbox_claim(text, ...)" or unqualified, resolved on the session's
+// path) does not serve `table` (as configured; an unqualified one resolved on the path, or to be
+// made in current_schema()), naming the table it does serve; nullopt when it serves it or does not
+// exist. `migrate` refuses then, and `run` exits 1.
+std::optional<std::string> functions_of_another_table(pqxx::transaction_base& tx, const std::string& function,
+                                                      const std::string& table);
 
 // Replaces every `from` in text with `to` (the placeholders of migrations and whole statements).
 void replace_all(std::string& text, const std::string& from, const std::string& to);
