@@ -220,6 +220,9 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
   if (next.empty()) write_pending();
   bool leased = !control.probe;  // a poll's events may carry no lease (Store::probe_claim)
   bool all_delivered = true;     // every batch of this drain so far: claims ahead may start above it
+  // A batch released events, and no claim from the start has looked since they were written: a
+  // claim ahead ran while they were still leased to this relay, and its bounds passed them.
+  bool released = false;
   while (!next.empty()) {
     const bool full = next.size() >= options_.batch_size;
     Batch batch = prepare(std::move(next), pipeline_.held());
@@ -257,6 +260,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     auto outcomes = settle(batch, result, failed);
     total += result;
     all_delivered = all_delivered && result.retried + result.dead_lettered + result.released == 0;
+    released = released || result.released > 0;
 
     if (failure) {
       // Keep every outcome for the next call; hand back what was claimed meanwhile.
@@ -278,10 +282,16 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
       // came): the poll held back the later events of its key, and the next poll looks above
       // every id this one claimed, so they would be passed by later events of their key. Claim
       // from the start at once, after this batch's outcomes are written.
-      const bool retry_polled = !leased && std::any_of(batch.events.begin(), batch.events.end(),
-                                                       [](const Event& e) { return e.attempts > 0; });
-      const bool more = (full && !ahead) || result.released > 0 || retry_polled;
-      if (!control.probe || more || control.stop() || control.pause_due()) flush_pending();
+      // A retry any claim of a poll's drain took (also the claim from the start after a release)
+      // is written now, not left for outcome_delay: until its outcome is written, a poll's
+      // head-of-line rule sees it failed and pending and holds back its key's later events while
+      // the poll's bounds move past them; once written, polls would take the key's events above
+      // those bounds first (found by tests/fuzz: seed 1978975820, 2838 before 2759).
+      const bool took_retry =
+          std::any_of(batch.events.begin(), batch.events.end(), [](const Event& e) { return e.attempts > 0; });
+      const bool retry_polled = !leased && took_retry;
+      const bool more = (full && !ahead) || released || retry_polled;
+      if (!control.probe || more || took_retry || control.stop() || control.pause_due()) flush_pending();
       pipeline_.caught_up();
       if (control.stop()) break;
       const bool paused = control.pause_due();
@@ -294,8 +304,9 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
         // every event arriving meanwhile waits: a stall of a few tens of milliseconds (a poll
         // finding 500 events) grew into one of hundreds. From the start after a release (the
         // released events are below), lanes gained (pause) or a batch not all delivered.
-        const bool above = !leased && !paused && all_delivered && result.released == 0 && !retry_polled;
+        const bool above = !leased && !paused && all_delivered && !released && !retry_polled;
         next = above ? claim(false, batch.events.back().id) : claim();
+        if (!above) released = false;  // a claim from the start, after their release was written
         leased = true;
       }
     }

@@ -812,3 +812,49 @@ TEST_CASE("a drain turns a sink's delivered answer behind a retried or deferred 
   CHECK(f.store.of(4).kind == Kind::kRetry);
   CHECK(f.store.of(4).error.find("earlier event of the same key") != std::string::npos);
 }
+
+TEST_CASE("a retry that a poll's drain took in its claim from the start is marked before the next poll claims") {
+  // relay2 in seed 1978975820: a poll's batch released events (another key failed), so the drain
+  // claimed from the start; that full claim took 2602 (key k3, a due retry, attempts 1) and it was
+  // delivered. The drain was a poll's, so the delivered outcome was left for outcome_delay. The
+  // next polls' head-of-line rule saw 2602 still failed and pending and held back 2759 (k3) while
+  // their lane bound moved past it; once 2602's mark was written, a poll took 2838 (k3) first.
+  Fixture f;
+  f.options.batch_size = 10;
+  f.a.script[10] = Outcome::retry("503");
+  f.a.script[11] = Outcome::deferred();
+  f.store.batches.push_back({event(10, "x"), event(11, "x")});  // the poll: x fails, 11 released
+  Event retried = event(1, "k");
+  retried.attempts = 1;
+  f.store.batches.push_back({retried, event(20, "z")});  // the claim from the start: k's due retry
+  auto loop = f.one_sink();
+  loop.drain(polling());
+  REQUIRE(f.store.claims == 2);
+  f.clock.t += milliseconds(6);  // the next poll, within outcome_delay
+  loop.drain(polling());
+  REQUIRE(f.store.claims == 3);
+  bool marked = false;
+  for (std::size_t i = 0; i < f.store.written_at_claim.back(); ++i) {
+    const Completion& c = f.store.completed[i];
+    if (c.id == 1 && c.kind == Kind::kDelivered) marked = true;
+  }
+  for (const auto& c : f.store.carried.back()) {
+    if (c.id == 1 && c.kind == Kind::kDelivered) marked = true;
+  }
+  CHECK(marked);  // else the poll's head-of-line look sees event 1 as a retry still waiting
+}
+
+TEST_CASE("events a pipelined batch released are claimed again from the start though the last batch released none") {
+  // Batch 1 (full) releases event 1 (a sink timeout's "not sent", or the deferred events behind a
+  // long key's retry that the store dead-letters: nothing holds key L afterwards). Batch 2 was
+  // claimed ahead above batch 1 while event 1 was still leased, so polls now look above it.
+  Fixture f;
+  f.options.batch_size = 2;
+  f.a.script[1] = Outcome::deferred();
+  f.store.batches.push_back({event(1, "L"), event(2, "m")});
+  f.store.batches.push_back({event(3, "z")});
+  auto loop = f.one_sink();
+  loop.drain({});
+  CHECK(f.store.claims == 3);  // a claim from the start after event 1's release is written
+  CHECK(f.store.floors.back() == 0);
+}
