@@ -18,7 +18,8 @@ struct Event {
   std::string payload;                  // the payload as JSON text
   std::string headers_json;             // the row's headers column as JSON text
   std::vector<Header> headers;          // parsed from headers_json by the loop before publishing
-  std::string created_at;               // RFC 3339 in UTC, e.g. 2026-11-30T06:32:22.123456Z
+  std::string created_at;               // RFC 3339 in UTC, e.g. 2026-11-30T06:32:22.123456Z; "": not a
+                                        // time the relay can carry (infinity): dead-lettered
   std::int64_t created_at_us = 0;       // microseconds since the Unix epoch
   int attempts = 0;                     // failed attempts so far
   std::vector<std::string> sinks_done;  // sinks that already acknowledged this event

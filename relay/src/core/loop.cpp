@@ -332,6 +332,12 @@ RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const KeyHolds& h
       verdict.permanent = "invalid event: " + *error;
       continue;
     }
+    if (event.created_at.empty()) {
+      verdict.permanent =
+          "invalid event: created_at is not a time the relay can carry (RFC 3339: years 0001 to 9999; "
+          "not infinity)";
+      continue;
+    }
     const auto routed = router_.sinks_for(event.topic);
     if (routed.empty()) {
       verdict.permanent = "no route matches topic '" + event.topic + "'";

@@ -88,7 +88,7 @@ s AS (
     FROM {table} AS c{choice}
      FOR NO KEY UPDATE OF c NOWAIT)
 SELECT s.id, s.topic, s.aggregate_id, s.payload::text, s.headers::text, NULL::text,
-       (extract(epoch FROM s.created_at) * 1000000)::int8, s.attempts, s.sinks_done,
+       {created_us(s)}, s.attempts, s.sinks_done,
        NULL::int8, NULL::int8, NULL::int8[]
   FROM s
 UNION ALL
@@ -116,7 +116,7 @@ stop AS (
      AND NOT (ch.id = ANY(ARRAY(SELECT k.id FROM locked AS k)))
    GROUP BY ch.lane)
 SELECT k.id, k.topic, k.aggregate_id, k.payload::text, k.headers::text, NULL::text,
-       (extract(epoch FROM k.created_at) * 1000000)::int8, k.attempts, k.sinks_done,
+       {created_us(k)}, k.attempts, k.sinks_done,
        NULL::int8, NULL::int8, NULL::int8[]
   FROM locked AS k
  WHERE NOT EXISTS (SELECT 1 FROM stop AS x WHERE x.lane = k.lane AND x.first < k.id)
@@ -131,8 +131,22 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last,
                     FROM generate_series(0, 63) AS g(n)) END
   FROM w)sql";
 
+// An event's created_at in microseconds since the epoch, NULL unless it is a time the relay can
+// carry: RFC 3339 has years 0001-9999, and infinity made the cast to int8 fail the whole claim
+// (every key stalled on one row). The loop dead-letters an event without it (schema 11 makes the
+// claim function's column the same).
+std::string created_us(const char* alias) {
+  std::string sql =
+      "CASE WHEN extract(epoch FROM @.created_at) BETWEEN -62135596800 AND 253402300799.999999 "
+      "THEN (extract(epoch FROM @.created_at) * 1000000)::int8 END";
+  replace_all(sql, "@", alias);
+  return sql;
+}
+
 std::string lane_poll_sql(const std::string& table, const std::string& sequence_literal, bool skipping) {
   std::string sql = std::string(kPollHead) + (skipping ? kPollSkipping : kPollAtOnce);
+  replace_all(sql, "{created_us(s)}", created_us("s"));
+  replace_all(sql, "{created_us(k)}", created_us("k"));
   replace_all(sql, "{choice}", kPollChoice);
   replace_all(sql, "{claimable}", claimable_rows("$1", "$2"));
   replace_all(sql, "{table}", table);
@@ -149,11 +163,15 @@ Event event_from_row(const pqxx::row& row) {
   e.key.assign(row[2].c_str(), row[2].size());
   e.payload.assign(row[3].c_str(), row[3].size());
   e.headers_json.assign(row[4].c_str(), row[4].size());
-  e.created_at_us = row[6].as<long long>();
-  if (row[5].is_null()) {
-    e.created_at = rfc3339_utc(e.created_at_us);  // schema 2: formatted here, not per row in Postgres
+  if (row[6].is_null()) {
+    e.created_at_us = 0;  // not a time the relay can carry (created_us): the loop dead-letters it
   } else {
-    e.created_at.assign(row[5].c_str(), row[5].size());
+    e.created_at_us = row[6].as<long long>();
+    if (row[5].is_null()) {
+      e.created_at = rfc3339_utc(e.created_at_us);  // schema 2: formatted here, not per row in Postgres
+    } else {
+      e.created_at.assign(row[5].c_str(), row[5].size());
+    }
   }
   e.attempts = row[7].as<int>();
   if (row[8].size() > 2) {  // not "{}"
@@ -225,6 +243,28 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
     if (!r[0].as<bool>() || (version > 0 && version < kSchemaVersion)) throw SchemaTooOld(opt.table, version);
     if (auto other = functions_of_another_table(q, name + kClaimFunctionArgs, names.table)) {
       throw AmbiguousTable("database.table '" + opt.table + "': " + *other);
+    }
+    // Table features that change what the relay's statements do, which it cannot work around: a
+    // rule rewrites them (ON UPDATE DO INSTEAD NOTHING swallowed every mark: each event was sent
+    // again at every claim from the start), and an unlogged table loses its events in a crash.
+    // Refused at each connect, loudly (the error in the log, /readyz 503), until they are gone.
+    // Row-level security needs no look: the session's row_security = off makes it an error.
+    const auto f = q.exec_params1(
+        "SELECT (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(r.rulename), ', ' ORDER BY r.rulename) "
+        "          FROM pg_catalog.pg_rewrite AS r WHERE r.ev_class = c.oid), c.relpersistence = 'u' "
+        "  FROM pg_catalog.pg_class AS c WHERE c.oid = $1::pg_catalog.regclass",
+        names.table);
+    if (!f[0].is_null()) {
+      throw StoreUnavailable("table " + opt.table + " has rules (" + f[0].as<std::string>() +
+                                 "), which rewrite the relay's statements (a rule ON UPDATE can swallow its marks, "
+                                 "and every event is sent again and again); the relay claims nothing while they exist",
+                             DbErrorClass::kConfiguration, "DROP RULE ... ON " + opt.table);
+    }
+    if (f[1].as<bool>()) {
+      throw StoreUnavailable("table " + opt.table +
+                                 " is UNLOGGED: a crash of Postgres empties it, and the events "
+                                 "in it are lost; the relay claims nothing from it",
+                             DbErrorClass::kConfiguration, "ALTER TABLE " + opt.table + " SET LOGGED");
     }
   }
   c.prepare("claim_fn_lanes", "SELECT * FROM " + name +

@@ -19,6 +19,19 @@ void replace_all(std::string& text, const std::string& from, const std::string& 
   }
 }
 
+// What a statement of the relay means must not depend on settings its role or database carries
+// (ALTER ROLE ... SET, ALTER DATABASE ... SET, PGOPTIONS): names resolve in pg_catalog only; text
+// comes as UTF-8 whatever client_encoding was set (LATIN1 turned "€" into "?" or failed the whole
+// claim); row-level security is an error, never a filter that hides events while every health
+// signal stays green; each statement sees what committed before it (serializable or read-only
+// defaults broke the claim's reading); no session is ended for being idle or for one error.
+constexpr const char* kPinnedSettings =
+    "SET search_path = pg_catalog, pg_temp; SET client_encoding = 'UTF8'; SET row_security = off; "
+    "SET default_transaction_isolation = 'read committed'; SET default_transaction_read_only = off; "
+    "SET standard_conforming_strings = on; SET transform_null_equals = off; SET DateStyle = 'ISO, YMD'; "
+    "SET IntervalStyle = 'postgres'; SET TimeZone = 'UTC'; SET extra_float_digits = 1; "
+    "SET exit_on_error = off; SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0";
+
 std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role, bool pinned) {
   auto conn = std::make_unique<pqxx::connection>(url);
 #pragma GCC diagnostic push
@@ -27,7 +40,7 @@ std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std
 #pragma GCC diagnostic pop
   pqxx::nontransaction tx(*conn);
   tx.exec0("SET application_name = " + tx.quote("outbox-relay " + role));
-  if (pinned) tx.exec0("SET search_path = pg_catalog, pg_temp");
+  if (pinned) tx.exec0(kPinnedSettings);
   tx.commit();
   return conn;
 }

@@ -14,8 +14,10 @@ namespace outbox::pg {
 // Opens a session with reactivation off (a lost session must surface, so that the caller
 // re-LISTENs, re-takes its locks and catches up) and application_name set. pinned: search_path is
 // set to pg_catalog, pg_temp, so that no name, operator, function or cast of a statement resolves
-// to anything a writer created in a schema of the role's path; the statements name the outbox's
-// objects by TableNames. (`migrate` does not pin yet: its files name objects unqualified.)
+// to anything a writer created in a schema of the role's path (the statements name the outbox's
+// objects by TableNames), and every other setting the statements' meaning depends on is set too
+// (client_encoding, row_security, the transaction defaults, ...: session.cpp lists them). (`migrate` does not pin yet:
+// its files name objects unqualified.)
 std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role, bool pinned = true);
 
 // The outbox table's objects as the relay's statements name them: schema-qualified and quoted.

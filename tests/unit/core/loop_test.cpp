@@ -128,6 +128,7 @@ Event event(EventId id, std::string key = "k", std::string topic = "order.paid")
   e.key = std::move(key);
   e.payload = R"({"n":1})";
   e.headers_json = "{}";
+  e.created_at = "1970-01-01T00:00:00.500000Z";
   e.created_at_us = 500'000;
   return e;
 }
@@ -280,6 +281,22 @@ TEST_CASE("a row's headers that a sink reserves never reach it, whatever their c
   CHECK(f.metrics.dropped_by["a"] == 2);
   CHECK(f.metrics.dropped_by["b"] == 3);
   CHECK(f.store.of(1).kind == Kind::kDelivered);  // dropped headers do not fail the event
+}
+
+TEST_CASE("an event whose created_at the relay cannot carry is dead-lettered by the loop; its key flows on") {
+  Fixture f;
+  Event infinite = event(1);
+  infinite.created_at.clear();  // the claim's created_at_us was NULL: infinity, or beyond the year 9999
+  infinite.created_at_us = 0;
+  f.store.batches.push_back({infinite, event(2)});
+  auto loop = f.one_sink();
+  const auto r = loop.run_once();
+  CHECK(r.dead_lettered == 1);
+  CHECK(r.delivered == 1);
+  CHECK(f.a.seen == std::vector<EventId>{2});
+  CHECK(f.store.of(1).kind == Kind::kDeadLetter);
+  CHECK(f.store.of(1).error.find("created_at") != std::string::npos);
+  CHECK(f.metrics.dead_by["relay"] == 1);
 }
 
 TEST_CASE("several sinks: done when all acknowledged, a retry goes only to the sinks that have not") {

@@ -94,6 +94,7 @@ Event event(EventId id) {
   e.key = "k" + std::to_string(id);
   e.payload = "{}";
   e.headers_json = "{}";
+  e.created_at = "2026-11-30T06:32:22.123456Z";
   return e;
 }
 
