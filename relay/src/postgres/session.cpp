@@ -30,7 +30,10 @@ constexpr const char* kPinnedSettings =
     "SET default_transaction_isolation = 'read committed'; SET default_transaction_read_only = off; "
     "SET standard_conforming_strings = on; SET transform_null_equals = off; SET DateStyle = 'ISO, YMD'; "
     "SET IntervalStyle = 'postgres'; SET TimeZone = 'UTC'; SET extra_float_digits = 1; "
-    "SET exit_on_error = off; SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0";
+    "SET exit_on_error = off; SET idle_in_transaction_session_timeout = 0; "
+    // PostgreSQL 14 and later.
+    "SELECT pg_catalog.set_config(s.name, '0', false) FROM pg_catalog.pg_settings AS s "
+    "WHERE s.name = 'idle_session_timeout'";
 
 std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role, bool pinned) {
   auto conn = std::make_unique<pqxx::connection>(url);
@@ -40,7 +43,7 @@ std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std
 #pragma GCC diagnostic pop
   pqxx::nontransaction tx(*conn);
   tx.exec0("SET application_name = " + tx.quote("outbox-relay " + role));
-  if (pinned) tx.exec0(kPinnedSettings);
+  if (pinned) tx.exec(kPinnedSettings);
   tx.commit();
   return conn;
 }
