@@ -164,9 +164,19 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
             h = who[i]
             why = f"txn {h.tid} ({h.behaviour}, {h.db}) open at its commit"
         for p in prepared:
-            if not p.start < c < (INF if p.end is None else p.end):
-                continue
             own = {lanes.get(q.key) for q in p.rows}
+            if not p.start < c < (INF if p.end is None else p.end):
+                # Begun after the commit, prepared before the first delivery and while the event was
+                # still in time: a relay that first saw it prepared (its virtual transaction id changes
+                # at PREPARE, and nothing then says when it drew its ids) must hold the lanes it
+                # marked until it ends (docs/design.md, "What a writer may do": PREPARE TRANSACTION).
+                if not (c < p.prepared_at < min(first_lo.get(r.uid, INF), x + budget) and lanes.get(r.key) in own):
+                    continue
+                e = INF if p.end is None else p.end
+                if e > x:
+                    x = e
+                    why = f"txn {p.tid} ({p.behaviour}, {p.db}) prepared before its delivery, of its lane"
+                continue
             if p.prepared_at > c or None in own or lanes.get(r.key) is None or lanes.get(r.key) in own:
                 e = INF if p.end is None else p.end
                 if e > x:

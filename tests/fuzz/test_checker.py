@@ -147,3 +147,16 @@ def test_a_dead_letter_without_a_failure_or_with_a_short_key_is_a_violation():
     b = row(L, txn(L, "x", 0.0, 1.0), "b", "K", 2)
     res = check(L, [], now=1.5, failures={"b": [1.05]}, dead={"a": "why", "b": "why"})
     assert kinds(res) == ["dead_lettered", "dead_lettered"]
+
+
+def test_a_transaction_prepared_after_a_commit_may_hold_only_its_own_lanes_until_it_ends():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    p = txn(L, "prepared", 1.2, 4.0)
+    p.prepared_at = 1.3  # before a was delivered: a relay may first have seen it prepared
+    b = row(L, p, "b", "J", 2)
+    lines = [line(a, "f0", 0, 4.1, 4.11), line(b, "f0", 1, 4.1, 4.11)]
+    assert kinds(check(L, lines, now=10.0, lanes={"K": 5, "J": 5})) == []
+    assert kinds(check(L, lines, now=10.0, lanes={"K": 5, "J": 6})) == ["late"]  # not its lane
+    p.prepared_at = 4.05  # prepared after a should have gone out: no excuse
+    assert kinds(check(L, lines, now=10.0, lanes={"K": 5, "J": 5})) == ["late"]
