@@ -149,14 +149,16 @@ def test_a_dead_letter_without_a_failure_or_with_a_short_key_is_a_violation():
     assert kinds(res) == ["dead_lettered", "dead_lettered"]
 
 
-def test_a_transaction_prepared_after_a_commit_may_hold_only_its_own_lanes_until_it_ends():
+def test_a_writer_that_began_in_a_stop_window_after_the_commit_holds_it_whatever_else_did():
     L = Ledger()
-    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
-    p = txn(L, "prepared", 1.2, 4.0)
-    p.prepared_at = 1.3  # before a was delivered: a relay may first have seen it prepared
-    b = row(L, p, "b", "J", 2)
-    lines = [line(a, "f0", 0, 4.1, 4.11), line(b, "f0", 1, 4.1, 4.11)]
-    assert kinds(check(L, lines, now=10.0, lanes={"K": 5, "J": 5})) == []
-    assert kinds(check(L, lines, now=10.0, lanes={"K": 5, "J": 6})) == ["late"]  # not its lane
-    p.prepared_at = 4.05  # prepared after a should have gone out: no excuse
-    assert kinds(check(L, lines, now=10.0, lanes={"K": 5, "J": 5})) == ["late"]
+    hold = txn(L, "tx_hold", 0.5, 3.0)              # open at a's commit, ends after the stop's release
+    row(L, hold, "h", "H", 1)
+    a = row(L, txn(L, "x", 1.0, 1.5), "a", "K", 2)
+    later = txn(L, "prepared", 2.0, 6.0)            # began during the stop, after a's commit
+    row(L, later, "p", "P", 3)
+    w = L.window("relay_stop")
+    w.start, w.end, w.release_at = 1.2, 2.8, 2.8
+    lines = [line(L.rows["h"], "f0", 0, 3.0, 3.01), line(a, "f0", 1, 6.1, 6.11), line(L.rows["p"], "f0", 2, 6.1, 6.11)]
+    assert kinds(check(L, lines, now=20.0)) == []   # no reading between a's commit and 2.8: p may hold a
+    w.start, w.end, w.release_at = 0.2, 0.4, 0.4    # a stop over before a's commit: p cannot
+    assert kinds(check(L, lines, now=20.0)) == ["late"]
