@@ -1,8 +1,10 @@
 -- outbox-relay schema, version 1.
--- Placeholders filled by `outbox-relay migrate`: {{table}} (possibly schema-qualified),
+-- Placeholders filled by `outbox-relay migrate`: {{table}} (schema-qualified and quoted),
 -- {{name}} (the bare table name, for index names), {{fence_tag}} (a 22-bit number
--- derived from the table name, see the fence below), {{prefix}} (the bare name without a
--- trailing "_events": outbox_events gives outbox_publish), {{channel}} (NOTIFY channel).
+-- derived from the table, see the fence below), {{prefix}} (the bare name without a
+-- trailing "_events", for trigger names), {{fn}} (the prefix qualified by the table's schema, for
+-- functions: "app".outbox gives "app".outbox_publish, so that two outbox tables in two schemas
+-- have functions of their own), {{channel}} (NOTIFY channel).
 -- The whole file runs in one transaction; the migrate command records the version afterwards.
 
 CREATE TABLE IF NOT EXISTS {{table}} (
@@ -62,7 +64,7 @@ CREATE INDEX IF NOT EXISTS {{name}}_processed_idx ON {{table}} (processed_at)
 DO $create_fence$
 BEGIN
   EXECUTE format($body$
-    CREATE OR REPLACE FUNCTION {{prefix}}_fence() RETURNS trigger LANGUAGE plpgsql
+    CREATE OR REPLACE FUNCTION {{fn}}_fence() RETURNS trigger LANGUAGE plpgsql
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
     BEGIN
       IF current_setting('outbox_relay.fence_{{name}}', true) IS DISTINCT FROM 'on' THEN
@@ -78,11 +80,11 @@ $create_fence$;
 
 DROP TRIGGER IF EXISTS {{prefix}}_fence ON {{table}};
 CREATE TRIGGER {{prefix}}_fence BEFORE INSERT ON {{table}}
-  FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}_fence();
+  FOR EACH STATEMENT EXECUTE FUNCTION {{fn}}_fence();
 
 -- The bell, not the parcel: one empty notification per inserting statement. Postgres folds
 -- identical notifications of one transaction into one.
-CREATE OR REPLACE FUNCTION {{prefix}}_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
+CREATE OR REPLACE FUNCTION {{fn}}_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
   PERFORM pg_notify('{{channel}}', '');
   RETURN NULL;
@@ -91,10 +93,10 @@ $fn$;
 
 DROP TRIGGER IF EXISTS {{prefix}}_notify ON {{table}};
 CREATE TRIGGER {{prefix}}_notify AFTER INSERT ON {{table}}
-  FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}_notify();
+  FOR EACH STATEMENT EXECUTE FUNCTION {{fn}}_notify();
 
 -- Convenience for writers: returns the new event id.
-CREATE OR REPLACE FUNCTION {{prefix}}_publish(p_topic text, p_aggregate_id text, p_payload jsonb,
+CREATE OR REPLACE FUNCTION {{fn}}_publish(p_topic text, p_aggregate_id text, p_payload jsonb,
                                             p_headers jsonb DEFAULT '{}')
 RETURNS bigint LANGUAGE sql AS $fn$
   INSERT INTO {{table}} (topic, aggregate_id, payload, headers)
@@ -118,7 +120,7 @@ $roles$;
 GRANT INSERT (topic, aggregate_id, payload, headers) ON {{table}} TO outbox_writer;
 -- RETURNING id needs SELECT on id, nothing more.
 GRANT SELECT (id) ON {{table}} TO outbox_writer;
-GRANT EXECUTE ON FUNCTION {{prefix}}_publish(text, text, jsonb, jsonb) TO outbox_writer;
+GRANT EXECUTE ON FUNCTION {{fn}}_publish(text, text, jsonb, jsonb) TO outbox_writer;
 -- The relay reads, claims, completes and (on_success: delete, retention) deletes.
 GRANT SELECT, UPDATE, DELETE ON {{table}} TO outbox_relay;
 -- The claim reads the id sequence's last value (see the fence above).

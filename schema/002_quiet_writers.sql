@@ -8,10 +8,10 @@
 -- 1. No bell on the write path. A transaction that issued NOTIFY takes a database-wide lock in its
 --    pre-commit phase and holds it through the WAL flush, so every notifying commit is serialised
 --    (measured: 32 writers at 0.25-0.40x of the same INSERT without triggers; bench/RESULTS.md).
---    The relay polls {{prefix}}_claim instead. The function stays, for an operator who prefers
+--    The relay polls {{fn}}_claim instead. The function stays, for an operator who prefers
 --    push wakeups and accepts that cost:
 --      CREATE TRIGGER {{prefix}}_notify AFTER INSERT ON {{table}}
---        FOR EACH STATEMENT EXECUTE FUNCTION {{prefix}}_notify();
+--        FOR EACH STATEMENT EXECUTE FUNCTION {{fn}}_notify();
 DROP TRIGGER IF EXISTS {{prefix}}_notify ON {{table}};
 
 -- 2. No fence trigger either. Schema 1 made every event-writing transaction announce, in a
@@ -21,10 +21,10 @@ DROP TRIGGER IF EXISTS {{prefix}}_notify ON {{table}};
 --    sequence's page, which every nextval also takes) it cost 16-19 % (bench/RESULTS.md).
 --    Writers already announce themselves for free: an INSERT takes ROW EXCLUSIVE on the table
 --    when the statement starts, before it draws an id, and holds it to the end of its
---    transaction. {{prefix}}_claim reads those locks instead (see below). A relay of schema 1
+--    transaction. {{fn}}_claim reads those locks instead (see below). A relay of schema 1
 --    must not run against this schema (it would see no fences): upgrade the binary first.
 DROP TRIGGER IF EXISTS {{prefix}}_fence ON {{table}};
-DROP FUNCTION IF EXISTS {{prefix}}_fence();
+DROP FUNCTION IF EXISTS {{fn}}_fence();
 
 -- 3. The relay's claim, in one round trip. Two reasons for a function:
 --    - the claim bound must be read in statements that run before the claim's snapshot is taken;
@@ -59,7 +59,7 @@ DROP FUNCTION IF EXISTS {{prefix}}_fence();
 DO $create_claim$
 BEGIN
   EXECUTE format($body$
-    CREATE OR REPLACE FUNCTION {{prefix}}_claim(p_owner text, p_lease_ms bigint, p_lanes smallint[],
+    CREATE OR REPLACE FUNCTION {{fn}}_claim(p_owner text, p_lease_ms bigint, p_lanes smallint[],
                                                 p_limit integer, p_resolved bigint, p_probe boolean,
                                                 p_done bigint[], p_failed jsonb, p_delete boolean,
                                                 p_reading_last bigint, p_reading_holders text[])
@@ -227,7 +227,7 @@ BEGIN
 END
 $create_claim$;
 
-REVOKE ALL ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
+REVOKE ALL ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
+GRANT EXECUTE ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                             bigint, text[]) TO outbox_relay;

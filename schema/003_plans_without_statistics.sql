@@ -3,7 +3,7 @@
 -- as in 001. Runs in one transaction; writers keep running (no lock on
 -- the table: CREATE FUNCTION only; the 11-argument function of schema 2 stays, for older relays).
 --
--- Why. {{prefix}}_claim runs with generic plans (schema 2 explains why), made once per relay
+-- Why. {{fn}}_claim runs with generic plans (schema 2 explains why), made once per relay
 -- session, from the statistics of that moment. A relay that connects while the table is new,
 -- truncated or not yet analyzed keeps plans made for an empty table until an autoanalyze
 -- invalidates them, and three of schema 2's statements then had a plan whose cost grows with
@@ -26,7 +26,7 @@
 DO $create_claim$
 BEGIN
   EXECUTE format($body$
-    CREATE OR REPLACE FUNCTION {{prefix}}_claim(p_owner text, p_lease_ms bigint, p_lanes smallint[],
+    CREATE OR REPLACE FUNCTION {{fn}}_claim(p_owner text, p_lease_ms bigint, p_lanes smallint[],
                                                 p_limit integer, p_resolved bigint, p_probe boolean,
                                                 p_done bigint[], p_failed jsonb, p_delete boolean,
                                                 p_reading_last bigint, p_reading_holders text[],
@@ -220,7 +220,7 @@ $create_claim$;
 
 -- The claim as schema 2 called it (11 arguments, no floor), for a relay binary older than this
 -- schema: the same function, from the start of the pending index.
-CREATE OR REPLACE FUNCTION {{prefix}}_claim(p_owner text, p_lease_ms bigint, p_lanes smallint[],
+CREATE OR REPLACE FUNCTION {{fn}}_claim(p_owner text, p_lease_ms bigint, p_lanes smallint[],
                                             p_limit integer, p_resolved bigint, p_probe boolean,
                                             p_done bigint[], p_failed jsonb, p_delete boolean,
                                             p_reading_last bigint, p_reading_holders text[])
@@ -228,15 +228,15 @@ RETURNS TABLE (id bigint, topic text, aggregate_id text, payload text, headers t
                created_at_us bigint, attempts integer, sinks_done text[], bound bigint, last_id bigint,
                reading_last bigint, reading_holders text[])
 LANGUAGE sql VOLATILE AS $fn$
-  SELECT * FROM {{prefix}}_claim(p_owner, p_lease_ms, p_lanes, p_limit, p_resolved, p_probe, p_done, p_failed,
+  SELECT * FROM {{fn}}_claim(p_owner, p_lease_ms, p_lanes, p_limit, p_resolved, p_probe, p_done, p_failed,
                                  p_delete, p_reading_last, p_reading_holders, 0::bigint)
 $fn$;
 
-REVOKE ALL ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
+REVOKE ALL ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, text[], bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
+GRANT EXECUTE ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                             bigint, text[], bigint) TO outbox_relay;
-REVOKE ALL ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
+REVOKE ALL ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
+GRANT EXECUTE ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                             bigint, text[]) TO outbox_relay;

@@ -26,7 +26,7 @@
 --     ({{statement_ns}}, the statement's start time in microseconds mod 1024) and is always false,
 --     so the trigger's function never runs (its WHEN clause is evaluated by the executor; no
 --     PL/pgSQL call).
---  3. The reading ({{prefix}}_writers), in this order, each step in a statement after the one
+--  3. The reading ({{fn}}_writers), in this order, each step in a statement after the one
 --     before: (a) v = the last id drawn; (b) every session's activity (pg_stat_activity: state,
 --     query_start); (c) the locks: the transactions holding ROW EXCLUSIVE on the table (every
 --     INSERT takes it before it draws an id and keeps it to its end), their lane marks and their
@@ -62,7 +62,7 @@ END
 $lane_mark$;
 
 -- 2. Statement marks.
-CREATE OR REPLACE FUNCTION {{prefix}}_statement_mark_taken() RETURNS trigger LANGUAGE plpgsql AS $fn$
+CREATE OR REPLACE FUNCTION {{fn}}_statement_mark_taken() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
   RAISE EXCEPTION 'outbox-relay: the writer statement mark ({{statement_ns}}) is held in exclusive mode by another session'
     USING HINT = 'nothing may take the advisory locks of this namespace in exclusive mode (schema/005)';
@@ -73,7 +73,7 @@ DROP TRIGGER IF EXISTS {{prefix}}_statement_mark ON {{table}};
 CREATE TRIGGER {{prefix}}_statement_mark BEFORE INSERT ON {{table}} FOR EACH STATEMENT
   WHEN (NOT pg_try_advisory_xact_lock_shared({{statement_ns}},
           ((date_part('epoch', statement_timestamp()) * 1000000)::bigint & 1023)::integer))
-  EXECUTE FUNCTION {{prefix}}_statement_mark_taken();
+  EXECUTE FUNCTION {{fn}}_statement_mark_taken();
 -- Also under session_replication_role = replica (a restore, a logical replication apply): a
 -- writer without its statement mark would be read as complete while a drawn id is not yet in any
 -- lane. Disabling this trigger (ALTER TABLE ... DISABLE TRIGGER) breaks per-key order.
@@ -88,7 +88,7 @@ ALTER TABLE {{table}} ENABLE ALWAYS TRIGGER {{prefix}}_statement_mark;
 DO $create_writers$
 BEGIN
   EXECUTE format($body$
-    CREATE OR REPLACE FUNCTION {{prefix}}_writers()
+    CREATE OR REPLACE FUNCTION {{fn}}_writers()
     RETURNS TABLE (last_id bigint, vxid text, pid integer, complete boolean, lanes bigint, state text,
                    xact_age_seconds double precision, application_name text, client_addr text, query text,
                    wait_event text)
@@ -154,21 +154,21 @@ BEGIN
 END
 $create_writers$;
 
-REVOKE ALL ON FUNCTION {{prefix}}_writers() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {{prefix}}_writers() TO outbox_relay;
+REVOKE ALL ON FUNCTION {{fn}}_writers() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {{fn}}_writers() TO outbox_relay;
 
 DO $visibility$
 BEGIN
   IF NOT (SELECT r.rolsuper FROM pg_roles AS r WHERE r.rolname = current_user)
      AND NOT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') THEN
     RAISE WARNING 'outbox-relay: % cannot see other roles'' sessions, so the relay cannot tell which lanes an open writer holds (every open writer then holds back every lane, as before schema 5)', current_user
-      USING HINT = format('GRANT pg_read_all_stats TO %I; (the owner of {{prefix}}_writers())', current_user);
+      USING HINT = format('GRANT pg_read_all_stats TO %I; (the owner of {{fn}}_writers())', current_user);
   END IF;
 END
 $visibility$;
 
 -- 4. The claim (schema 3's, with lanes resolved one by one). Instead of the reading of schema 2
---    (p_reading_last, p_reading_holders), the relay reads the writers itself ({{prefix}}_writers)
+--    (p_reading_last, p_reading_holders), the relay reads the writers itself ({{fn}}_writers)
 --    and passes, per lane, what it knows:
 --  p_known[lane + 1]: every id up to it in that lane is committed or gone (>= p_resolved);
 --  p_covered[lane + 1]: what the relay's previous claim covered in that lane (its lane bound):
@@ -183,7 +183,7 @@ $visibility$;
 DO $create_claim$
 BEGIN
   EXECUTE format($body$
-    CREATE OR REPLACE FUNCTION {{prefix}}_claim(p_owner text, p_lease_ms bigint, p_lanes smallint[],
+    CREATE OR REPLACE FUNCTION {{fn}}_claim(p_owner text, p_lease_ms bigint, p_lanes smallint[],
                                                 p_limit integer, p_resolved bigint, p_probe boolean,
                                                 p_done bigint[], p_failed jsonb, p_delete boolean,
                                                 p_floor bigint, p_known bigint[], p_covered bigint[])
@@ -365,7 +365,7 @@ BEGIN
 END
 $create_claim$;
 
-REVOKE ALL ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
+REVOKE ALL ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, bigint[], bigint[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
+GRANT EXECUTE ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                             bigint, bigint[], bigint[]) TO outbox_relay;

@@ -28,7 +28,7 @@
 --    INSERT right on the column. An id that does not come from the sequence is not covered by any
 --    argument here: writers must never set it.
 --  - If anything took the statement mark's lock in exclusive mode, the INSERT fails with the error
---    of {{prefix}}_statement_mark_refused() instead of drawing an id without its mark.
+--    of {{fn}}_statement_mark_refused() instead of drawing an id without its mark.
 
 -- 1. The sequence: from identity to a plain sequence of the same name and state.
 DO $id_sequence$
@@ -83,7 +83,7 @@ END
 $id_sequence$;
 
 -- 2. The statement mark in the id's default.
-CREATE OR REPLACE FUNCTION {{prefix}}_statement_mark_refused() RETURNS bigint LANGUAGE plpgsql AS $fn$
+CREATE OR REPLACE FUNCTION {{fn}}_statement_mark_refused() RETURNS bigint LANGUAGE plpgsql AS $fn$
 BEGIN
   RAISE EXCEPTION 'outbox-relay: the writer statement mark ({{statement_ns}}) is held in exclusive mode by another session'
     USING HINT = 'nothing may take the advisory locks of this namespace in exclusive mode (schema/006)';
@@ -97,7 +97,7 @@ BEGIN
       CASE WHEN pg_try_advisory_xact_lock_shared({{statement_ns}},
                   ((date_part('epoch', statement_timestamp()) * 1000000)::bigint & 1023)::integer)
            THEN nextval(%L::regclass)
-           ELSE {{prefix}}_statement_mark_refused() END
+           ELSE {{fn}}_statement_mark_refused() END
     $ddl$, pg_get_serial_sequence('{{table}}', 'id'));
 END
 $id_default$;
@@ -105,4 +105,4 @@ $id_default$;
 -- 3. Schema 5's statement trigger goes (in the same transaction: no statement draws an id without
 --    its mark in between).
 DROP TRIGGER IF EXISTS {{prefix}}_statement_mark ON {{table}};
-DROP FUNCTION IF EXISTS {{prefix}}_statement_mark_taken();
+DROP FUNCTION IF EXISTS {{fn}}_statement_mark_taken();

@@ -29,9 +29,9 @@ DECLARE
 BEGIN
   FOREACH v_sig IN ARRAY ARRAY[
     -- schema 3's claim with a floor
-    '{{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, text[], bigint)',
+    '{{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, text[], bigint)',
     -- schema 5's claim, lane by lane
-    '{{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[])']
+    '{{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[])']
   LOOP
     v_fn := to_regprocedure(v_sig);
     CONTINUE WHEN v_fn IS NULL;

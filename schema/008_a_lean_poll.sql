@@ -18,7 +18,7 @@
 DO $lean_poll$
 DECLARE
   v_fn     regprocedure := to_regprocedure(
-             '{{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[])');
+             '{{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[])');
   v_def    text;
   v_head   constant text := E'        RETURN QUERY\n        WITH s AS (\n';
   v_tail   constant text := E'          FROM s;\n';

@@ -43,11 +43,11 @@ END
 $sequence_cache$;
 
 -- 2-4. The reading. Its result gains columns, so it is made anew (DROP, CREATE, its grant).
-DROP FUNCTION IF EXISTS {{prefix}}_writers();
+DROP FUNCTION IF EXISTS {{fn}}_writers();
 DO $create_writers$
 BEGIN
   EXECUTE pg_catalog.format($body$
-    CREATE FUNCTION {{prefix}}_writers()
+    CREATE FUNCTION {{fn}}_writers()
     RETURNS TABLE (last_id bigint, vxid text, pid integer, complete boolean, lanes bigint, state text,
                    xact_age_seconds double precision, application_name text, client_addr text, query text,
                    wait_event text, gid text, owner text, database text, sequence_cache bigint)
@@ -130,14 +130,14 @@ BEGIN
 END
 $create_writers$;
 
-REVOKE ALL ON FUNCTION {{prefix}}_writers() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {{prefix}}_writers() TO outbox_relay;
+REVOKE ALL ON FUNCTION {{fn}}_writers() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION {{fn}}_writers() TO outbox_relay;
 
 -- 5. The claim publishes nothing when the sequence was set back below what the relay knew.
 DO $sequence_set_back$
 DECLARE
   v_fn     regprocedure := to_regprocedure(
-             '{{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[])');
+             '{{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[])');
   v_def    text;
   v_anchor constant text := E'      IF p_probe AND NOT v_new THEN\n';
   v_guard  constant text := $guard$      -- Schema 10: the sequence was set back (TRUNCATE ... RESTART IDENTITY, ALTER SEQUENCE
@@ -180,7 +180,7 @@ $sequence_set_back$;
 DO $create_claim$
 BEGIN
   EXECUTE pg_catalog.format($body$
-    CREATE OR REPLACE FUNCTION {{prefix}}_claim(p_owner text, p_lease_ms bigint, p_lanes smallint[],
+    CREATE OR REPLACE FUNCTION {{fn}}_claim(p_owner text, p_lease_ms bigint, p_lanes smallint[],
                                                 p_limit integer, p_resolved bigint, p_probe boolean,
                                                 p_done bigint[], p_failed jsonb, p_delete boolean,
                                                 p_floor bigint, p_known bigint[], p_covered bigint[],
@@ -396,7 +396,7 @@ BEGIN
 END
 $create_claim$;
 
-REVOKE ALL ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
+REVOKE ALL ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, bigint[], bigint[], timestamptz) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
+GRANT EXECUTE ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                             bigint, bigint[], bigint[], timestamptz) TO outbox_relay;

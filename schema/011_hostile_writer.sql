@@ -2,7 +2,7 @@
 -- as in 005. Runs in one transaction; writers and relays keep running (it replaces two functions).
 --
 -- 1. Read another session's query text.
--- {{prefix}}_writers() is SECURITY DEFINER (it reads pg_locks and pg_stat_activity as their owner,
+-- {{fn}}_writers() is SECURITY DEFINER (it reads pg_locks and pg_stat_activity as their owner,
 -- so that a relay role without pg_read_all_stats sees every writer's locks and state). Through it
 -- the relay's role read the current query of any session writing to the outbox, literals and all
 -- (a writer's `... card = '4111...'`), where pg_stat_activity shows it `<insufficient privilege>`.
@@ -12,7 +12,7 @@
 -- report opts in with `GRANT pg_read_all_stats TO <the relay's role>`; nothing else changes.
 DO $query_text$
 DECLARE
-  v_fn  regprocedure := to_regprocedure('{{prefix}}_writers()');
+  v_fn  regprocedure := to_regprocedure('{{fn}}_writers()');
   v_def text;
   v_old constant text := 'array_agg(left(a.query, 200))';
   v_new constant text := $new$array_agg(CASE WHEN pg_has_role(session_user, a.usesysid, 'USAGE')
@@ -20,7 +20,7 @@ DECLARE
                                    THEN left(a.query, 200) ELSE '<insufficient privilege>' END)$new$;
 BEGIN
   IF v_fn IS NULL THEN
-    RAISE EXCEPTION 'outbox-relay: {{prefix}}_writers() is missing'
+    RAISE EXCEPTION 'outbox-relay: {{fn}}_writers() is missing'
       USING HINT = 'schema 10 creates it; restore it from schema/ and migrate again';
   END IF;
   v_def := pg_get_functiondef(v_fn);
@@ -43,7 +43,7 @@ $query_text$;
 DO $created_at$
 DECLARE
   v_fn  regprocedure := to_regprocedure(
-          '{{prefix}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, '
+          '{{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, '
           'bigint[], bigint[], timestamptz)');
   v_def text;
   v_old constant text := '(extract(epoch FROM s.created_at) * 1000000)::int8';
@@ -51,7 +51,7 @@ DECLARE
                          'THEN (extract(epoch FROM s.created_at) * 1000000)::int8 END';
 BEGIN
   IF v_fn IS NULL THEN
-    RAISE EXCEPTION 'outbox-relay: {{prefix}}_claim (schema 10) is missing'
+    RAISE EXCEPTION 'outbox-relay: {{fn}}_claim (schema 10) is missing'
       USING HINT = 'schema 10 creates it; restore it from schema/ and migrate again';
   END IF;
   v_def := pg_get_functiondef(v_fn);

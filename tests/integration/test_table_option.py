@@ -7,7 +7,10 @@ import uuid
 
 import pytest
 
-from conftest import base_config, file_sink, run_cli, run_config
+from conftest import base_config, file_sink, read_jsonl, run_cli, run_config, wait_until
+
+CLAIM_ARGS = ("(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], "
+              "bigint[], timestamptz)")
 
 RULE = "--table: expected a lower-case table name (optionally schema.table), got"
 
@@ -60,35 +63,60 @@ def test_schema_qualified_and_quoted_names_keep_working(db, spelling):
     assert db.scalar("SELECT count(*) FROM outbox_events") == 0
 
 
-def test_a_second_outbox_table_of_the_same_name_cannot_take_the_firsts_functions(db, workdir):
-    """Issue 43: `s1.outbox_events` and `s2.outbox_events` both name their functions outbox_*, in the
-    schema migrate runs in; the second migrate replaced the first's, and a relay of one marked the
-    other's events processed without delivering them. migrate refuses the second table, and a relay
-    whose functions serve another table (an installation made before) exits 1 naming both."""
+def test_a_second_outbox_table_of_the_same_name_gets_functions_of_its_own(db, workdir, relays):
+    """Issue 43: `s1.outbox_events` and `s2.outbox_events` both named their functions outbox_*, in the
+    schema migrate ran in; the second migrate replaced the first's, and a relay of one marked the
+    other's events processed without delivering them. Now each table's functions are made in its own
+    schema. An installation made before (a table whose functions are another table's) is refused by
+    migrate and by the relay, naming both (test_several_tables.py runs three tables side by side)."""
     with db.connect() as conn:
         conn.execute("CREATE SCHEMA IF NOT EXISTS s2")
-    env = {"DATABASE_URL": db.url}
-    proc = run_cli("--table", "s2.outbox_events", "migrate", env=env, check=False)
-    assert proc.returncode != 0
-    assert "the function outbox_claim(" in proc.stderr and "serves table public.outbox_events, not " \
-        "s2.outbox_events" in proc.stderr, proc.stderr
-    assert db.scalar("SELECT to_regclass('s2.outbox_events')") is None, "nothing of the refused migrate is left"
+        conn.execute("CREATE SCHEMA IF NOT EXISTS s3")
+    public_claim = "SELECT md5(pg_get_functiondef('public.outbox_claim" + CLAIM_ARGS + "'::regprocedure))"
+    before = db.scalar(public_claim)
+    run_cli("--table", "s2.outbox_events", "migrate", env={"DATABASE_URL": db.url})
+    assert db.scalar("SELECT to_regprocedure('s2.outbox_claim" + CLAIM_ARGS + "') IS NOT NULL")
+    assert db.scalar(public_claim) == before, "migrate for s2 changed public's claim function"
     [first] = db.insert([("order.paid", "k", {"i": 1})])
 
-    # An installation made before this check: s2's table beside the shared functions, recorded as
-    # migrated. Its relay refuses to start; s2's event stays pending, not marked.
+    # An installation made before: s3's table beside public's functions, recorded as migrated. Its
+    # relay refuses to start and migrate refuses it; s3's event stays pending, not marked.
     with db.connect() as conn:
-        conn.execute("CREATE TABLE s2.outbox_events (LIKE public.outbox_events INCLUDING ALL)")
-        conn.execute("CREATE SEQUENCE s2.outbox_events_id_seq OWNED BY s2.outbox_events.id")
-        conn.execute("ALTER TABLE s2.outbox_events ALTER id SET DEFAULT nextval('s2.outbox_events_id_seq')")
+        conn.execute("CREATE TABLE s3.outbox_events (LIKE public.outbox_events INCLUDING ALL)")
+        conn.execute("CREATE SEQUENCE s3.outbox_events_id_seq OWNED BY s3.outbox_events.id")
+        conn.execute("ALTER TABLE s3.outbox_events ALTER id SET DEFAULT nextval('s3.outbox_events_id_seq')")
         conn.execute("INSERT INTO outbox_schema_migrations (table_name, version, name) "
-                     "SELECT 's2.outbox_events', version, name FROM outbox_schema_migrations "
+                     "SELECT 's3.outbox_events', version, name FROM outbox_schema_migrations "
                      "WHERE table_name = 'outbox_events'")
-        conn.execute("INSERT INTO s2.outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', 'k', '{}')")
-    s2 = base_config(db, file_sink(workdir / "s2.jsonl"))
-    s2["database"]["table"] = "s2.outbox_events"
-    refused = run_config(workdir, s2, timeout=20)
+        conn.execute("INSERT INTO s3.outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', 'k', '{}')")
+    proc = run_cli("--table", "s3.outbox_events", "migrate", env={"DATABASE_URL": db.url}, check=False)
+    assert proc.returncode != 0
+    assert "serves table public.outbox_events, not s3.outbox_events" in proc.stderr, proc.stderr
+    s3 = base_config(db, file_sink(workdir / "s3.jsonl"))
+    s3["database"]["table"] = "s3.outbox_events"
+    refused = run_config(workdir, s3, timeout=20)
     assert refused.returncode == 1, refused.stderr
-    assert "serves table public.outbox_events, not s2.outbox_events" in refused.stderr, refused.stderr
-    assert db.scalar("SELECT count(*) FROM s2.outbox_events WHERE processed_at IS NULL") == 1
+    assert "serves table public.outbox_events, not s3.outbox_events" in refused.stderr, refused.stderr
+    assert db.scalar("SELECT count(*) FROM s3.outbox_events WHERE processed_at IS NULL") == 1
+    assert db.scalar("SELECT processed_at FROM public.outbox_events WHERE id = %s", (first,)) is None
+
+    # The way out that docs/operations.md gives ("Two tables sharing their functions"): s3's table
+    # set aside, migrate makes s3's own, the pending rows and the id sequence moved over.
+    with db.connect() as conn, conn.transaction():
+        conn.execute("ALTER TABLE s3.outbox_events RENAME TO outbox_events_before")
+        conn.execute("DELETE FROM outbox_schema_migrations WHERE table_name = 's3.outbox_events'")
+    run_cli("--table", "s3.outbox_events", "migrate", env={"DATABASE_URL": db.url})
+    with db.connect() as conn, conn.transaction():
+        conn.execute("LOCK TABLE s3.outbox_events_before")
+        conn.execute("SELECT setval(pg_get_serial_sequence('s3.outbox_events', 'id'), "
+                     "(SELECT max(id) FROM s3.outbox_events_before))")
+        conn.execute("INSERT INTO s3.outbox_events (id, topic, aggregate_id, payload, headers, created_at) "
+                     "OVERRIDING SYSTEM VALUE SELECT id, topic, aggregate_id, payload, headers, created_at "
+                     "FROM s3.outbox_events_before WHERE processed_at IS NULL ORDER BY id")
+    [moved] = [r[0] for r in db.query("SELECT id FROM s3.outbox_events")]
+    [later] = db.insert([("order.paid", "k", {"i": 2})], table="s3.outbox_events")
+    assert later > moved
+    relays(s3)
+    wait_until(lambda: len(read_jsonl(workdir / "s3.jsonl")) >= 2, message="s3's two events")
+    assert [e["id"] for e in read_jsonl(workdir / "s3.jsonl")] == [moved, later]
     assert db.scalar("SELECT processed_at FROM public.outbox_events WHERE id = %s", (first,)) is None

@@ -304,8 +304,8 @@ def test_schema_9_moves_the_lane_mark_into_the_lane_type_unless_a_view_uses_the_
         conn.execute("CREATE VIEW lane_counts AS SELECT lane, count(*) FROM outbox_events GROUP BY lane")
     kept = db.migrate()
     assert kept.returncode == 0 and "applied 009_" in kept.stdout, kept.stdout
-    assert "the lane mark stays a CHECK constraint on outbox_events" in kept.stderr, kept.stderr
-    assert "ALTER TABLE outbox_events ALTER COLUMN lane TYPE public.outbox_events_lane" in kept.stderr, kept.stderr
+    assert "the lane mark stays a CHECK constraint on public.outbox_events" in kept.stderr, kept.stderr
+    assert "ALTER TABLE public.outbox_events ALTER COLUMN lane TYPE public.outbox_events_lane" in kept.stderr, kept.stderr
     assert lane_type_and_check(db) == ("smallint", True)
     assert lane_marks_taken(db, key) == [lane]
 

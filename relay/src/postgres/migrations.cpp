@@ -45,23 +45,50 @@ class WarningCollector : public pqxx::errorhandler {
 
 }  // namespace
 
-std::string render_migration(const std::string& sql, const std::string& table, const std::string& channel) {
+std::string render_migration(const std::string& sql, const MigrationTarget& target, const std::string& channel) {
   std::string out = sql;
-  replace_all(out, "{{table}}", table);
-  replace_all(out, "{{name}}", table_name_only(table));
-  replace_all(out, "{{prefix}}", function_prefix(table));
+  const std::string schema = quote_identifier(target.schema);
+  replace_all(out, "{{table}}", schema + "." + quote_identifier(target.name));
+  replace_all(out, "{{name}}", target.name);
+  replace_all(out, "{{fn}}", quote_identifier(target.function_schema) + "." + function_prefix(target.name));
+  replace_all(out, "{{prefix}}", function_prefix(target.name));
   replace_all(out, "{{channel}}", channel);
-  replace_all(out, "{{fence_tag}}", std::to_string(fence_tag(table)));
-  const WriterMarkKeys marks = writer_mark_keys(table);
+  replace_all(out, "{{fence_tag}}", std::to_string(fence_tag(target.lock_key)));
+  const WriterMarkKeys marks = writer_mark_keys(target.lock_key);
   replace_all(out, "{{mark_ns}}", std::to_string(marks.lanes));
   replace_all(out, "{{statement_ns}}", std::to_string(marks.statements));
   return out;
 }
 
+namespace {
+
+// The names a table migrated before may be recorded under, besides the one configured: qualified,
+// and bare in public.
+std::pair<std::string, std::string> other_recorded_names(const MigrationTarget& target) {
+  return {target.schema + "." + target.name,
+          target.schema == "public" ? target.name : target.schema + "." + target.name};
+}
+
+}  // namespace
+
 MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel, int to_version) {
   for (int attempt = 1;; ++attempt) {
     try {
-      auto conn = open_session(url, "migrate", false);  // its files name objects unqualified
+      // The table's schema, resolved on the role's own path (an unqualified name held by several
+      // of its schemas is refused: AmbiguousTable); then a pinned session: every name of the files
+      // is qualified, and nothing a writer made in a schema of the path can stand in for a
+      // function or operator of pg_catalog.
+      const TableNames names = table_names(url, table);
+      if (names.schema.empty()) {
+        throw std::runtime_error("migrate refused: the role's search_path names no schema that exists to make " +
+                                 table + " in: set database.table to a schema-qualified name");
+      }
+      const std::string name = table_name_only(table);
+      MigrationTarget target{names.schema, name, names.found ? names.function_schema : names.schema,
+                             lock_key(names.schema, name)};
+      const std::string records =
+          names.found ? names.migrations : quote_identifier(names.schema) + ".outbox_schema_migrations";
+      auto conn = open_session(url, "migrate");
       MigrateResult result;
       WarningCollector warnings(*conn, result.warnings);
       pqxx::work tx(*conn);
@@ -69,23 +96,36 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
       // A DDL step waiting for a table lock (behind an open writer) queues every new writer
       // behind it: give up soon, let them through, and try the whole transaction again (55P03).
       tx.exec0("SET LOCAL lock_timeout = '" + std::to_string(kMigrateLockTimeout.count()) + "ms'");
-      tx.exec0(
-          "CREATE TABLE IF NOT EXISTS outbox_schema_migrations ("
-          "  table_name text NOT NULL, version integer NOT NULL, name text NOT NULL,"
-          "  applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (table_name, version))");
-      const auto done =
-          tx.exec_params("SELECT coalesce(max(version), 0) FROM outbox_schema_migrations WHERE table_name = $1", table);
+      tx.exec0("CREATE TABLE IF NOT EXISTS " + records +
+               " ("
+               "  table_name text NOT NULL, version integer NOT NULL, name text NOT NULL,"
+               "  applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (table_name, version))");
+      // The seed of the namespaces the files were rendered with (null: a release before this one
+      // seeded them with the table as configured, and its recorded name is that).
+      tx.exec0("ALTER TABLE " + records + " ADD COLUMN IF NOT EXISTS lock_key text");
+      const auto done = tx.exec_params(
+          "SELECT coalesce(max(version), 0), (array_agg(lock_key ORDER BY version DESC))[1], "
+          "(array_agg(table_name ORDER BY version DESC))[1] FROM " +
+              records + " WHERE table_name IN ($1, $2, $3)",
+          table, other_recorded_names(target).first, other_recorded_names(target).second);
       result.current_version = done[0][0].as<int>();
+      if (result.current_version > 0) {
+        target.lock_key = done[0][1].is_null() ? done[0][2].as<std::string>() : done[0][1].as<std::string>();
+      }
       // The functions the migrations would make (or replace) serve another table: nothing is done.
-      if (auto other = functions_of_another_table(tx, function_prefix(table) + "_claim" + kClaimFunctionArgs, table)) {
+      const std::string table_sql = quote_identifier(target.schema) + "." + quote_identifier(target.name);
+      if (auto other = functions_of_another_table(
+              tx,
+              quote_identifier(target.function_schema) + "." + function_prefix(table) + "_claim" + kClaimFunctionArgs,
+              table_sql)) {
         throw std::runtime_error("migrate refused: " + *other);
       }
       for (const auto& m : embedded_migrations()) {
         if (m.version <= result.current_version) continue;
         if (to_version > 0 && m.version > to_version) break;
-        tx.exec(render_migration(m.sql, table, channel));
-        tx.exec_params("INSERT INTO outbox_schema_migrations (table_name, version, name) VALUES ($1, $2, $3)", table,
-                       m.version, std::string(m.name));
+        tx.exec(render_migration(m.sql, target, channel));
+        tx.exec_params("INSERT INTO " + records + " (table_name, version, name, lock_key) VALUES ($1, $2, $3, $4)",
+                       table, m.version, std::string(m.name), target.lock_key);
         result.applied.emplace_back(m.name);
         result.current_version = m.version;
       }

@@ -118,10 +118,8 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->opt = std::move(options);
   impl_->hints = {url_user(impl_->opt.url), impl_->opt.table};
   const std::string& t = impl_->opt.table;
-  impl_->member_ns = advisory_key("outbox-relay:members:" + t);
-  impl_->lane_ns = advisory_key("outbox-relay:lanes:" + t);
   // Until the first connect resolves them (the table may not exist yet): the names as configured.
-  impl_->names = {t, function_prefix(t), "outbox_schema_migrations", false};
+  impl_->names = {t, function_prefix(t), "outbox_schema_migrations", false, "", "", ""};
   impl_->complete_sql = complete_statement(t, impl_->opt.delete_on_success);
 }
 
@@ -159,6 +157,10 @@ void PgStore::connect() {
         if (!impl_->names.found) {
           impl_->names = table_names(impl_->opt.url, impl_->opt.table);
           impl_->complete_sql = complete_statement(impl_->names.table, impl_->opt.delete_on_success);
+          // Namespaces of the table, not of its name as configured: relays of two tables of one
+          // name in two schemas do not count each other as members nor take each other's lanes.
+          impl_->member_ns = advisory_key("outbox-relay:members:" + impl_->names.lock_key);
+          impl_->lane_ns = advisory_key("outbox-relay:lanes:" + impl_->names.lock_key);
         }
         auto conn = open_session(impl_->opt.url, "worker");
         impl_->check_own_backend(*conn);  // before any lock or prepared statement

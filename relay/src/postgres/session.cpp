@@ -127,6 +127,11 @@ TableNames table_names(const std::string& url, const std::string& table) {
     out.table = table;  // not there (not migrated yet): statements fail with 42P01, and say so
     out.functions = function_prefix(table);
     out.migrations = "outbox_schema_migrations";
+    if (!schema.empty()) {
+      out.schema = schema;
+    } else if (const auto current = q.exec1("SELECT pg_catalog.current_schema()"); !current[0].is_null()) {
+      out.schema = current[0].as<std::string>();
+    }
     return out;
   }
   if (found.size() > 1) {
@@ -141,9 +146,11 @@ TableNames table_names(const std::string& url, const std::string& table) {
   const std::string nsp = found[0][0].as<std::string>();
   const auto objects = q.exec_params1(kFindObjects, found[0][1].as<long long>(), function_prefix(table) + "_claim");
   out.found = true;
+  out.schema = nsp;
+  out.lock_key = lock_key(nsp, name);
   out.table = q.quote_name(nsp) + "." + q.quote_name(name);
-  out.functions = (objects[0].is_null() ? q.quote_name(nsp) : q.quote_name(objects[0].as<std::string>())) + "." +
-                  function_prefix(table);
+  out.function_schema = objects[0].is_null() ? nsp : objects[0].as<std::string>();
+  out.functions = q.quote_name(out.function_schema) + "." + function_prefix(table);
   out.migrations = (objects[1].is_null() ? q.quote_name(nsp) : q.quote_name(objects[1].as<std::string>())) +
                    ".outbox_schema_migrations";
   std::lock_guard lock(names_mutex);
@@ -158,10 +165,11 @@ std::optional<std::string> functions_of_another_table(pqxx::transaction_base& tx
   const std::string fn = r[0][0].as<std::string>(), ours = r[0][1].as<std::string>();
   const std::string theirs = r[0][2].is_null() ? std::string("another table") : "table " + r[0][2].as<std::string>();
   return "the function " + fn + " serves " + theirs + ", not " + ours +
-         ": two outbox tables of one name in two "
-         "schemas share their functions (named after the table's name, in one schema), and one's relay would mark "
-         "the other's events processed. Give each outbox table its own name (ALTER TABLE " +
-         ours + " RENAME TO <name>_events, then migrate it), or keep them in two databases";
+         ": two outbox tables of one name in two schemas share their functions (made by a release before "
+         "this one in one schema), and one's relay would mark the other's events processed. Give " +
+         ours +
+         " functions of its own in its schema: docs/operations.md, \"Two tables sharing their functions\", "
+         "says how";
 }
 
 std::string sqlstate_of(const std::exception& e) {
@@ -224,6 +232,19 @@ std::string url_user(const std::string& url) {
     if (const char* env = std::getenv("PGUSER")) user = env;
   }
   return user;
+}
+
+std::string lock_key(const std::string& schema, const std::string& name) {
+  return schema == "public" ? name : schema + "." + name;
+}
+
+std::string quote_identifier(const std::string& name) {
+  std::string out = "\"";
+  for (const char c : name) {
+    out += c;
+    if (c == '"') out += '"';
+  }
+  return out + "\"";
 }
 
 std::string table_name_only(const std::string& table) {

@@ -16,8 +16,8 @@ namespace outbox::pg {
 // set to pg_catalog, pg_temp, so that no name, operator, function or cast of a statement resolves
 // to anything a writer created in a schema of the role's path (the statements name the outbox's
 // objects by TableNames), and every other setting the statements' meaning depends on is set too
-// (client_encoding, row_security, the transaction defaults, ...: session.cpp lists them). (`migrate` does not pin yet:
-// its files name objects unqualified.)
+// (client_encoding, row_security, the transaction defaults, ...: session.cpp lists them). `migrate`
+// pins too: its files name the table and its functions schema-qualified.
 std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role, bool pinned = true);
 
 // The outbox table's objects as the relay's statements name them: schema-qualified and quoted.
@@ -26,6 +26,14 @@ struct TableNames {
   std::string functions;   // "public".outbox: its functions are functions + "_claim", ...
   std::string migrations;  // "public"."outbox_schema_migrations"
   bool found = false;      // false: the table does not exist (yet); the names are unqualified
+  // The table's schema, unquoted: where it is, or where `migrate` makes it (the configured one,
+  // else the first schema of the role's path); "" when there is none.
+  std::string schema;
+  // The schema of its functions, unquoted: the table's own, or where an earlier release made them
+  // (the first schema of `migrate`'s path); "" when not found.
+  std::string function_schema;
+  // The seed of the table's advisory-lock namespaces (lock_key()); "" when not found.
+  std::string lock_key;
   std::string function(const char* suffix) const { return functions + "_" + suffix; }
 };
 
@@ -38,15 +46,23 @@ struct TableNames {
 // database cannot be reached (the caller's reconnect retries).
 TableNames table_names(const std::string& url, const std::string& table);
 
+// The seed of an outbox table's advisory-lock namespaces (the relays' members and lanes, the
+// writers' fences and marks): its name in `public`, else "schema.name". Two tables of one name in
+// two schemas get namespaces of their own (they shared them when the seed was database.table as
+// written, unqualified, and one table's open writer held the other's lanes); an installation in
+// `public` keeps the namespaces it had.
+std::string lock_key(const std::string& schema, const std::string& name);
+
 // Schema 10's claim function's arguments, lane by lane (the only one this relay calls).
 inline constexpr const char* kClaimFunctionArgs =
     "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[], "
     "timestamptz)";
 
 // Two outbox tables whose functions are one: a table's functions are named after the bare table
-// name (function_prefix) in one schema, so `s1.outbox_events` and `s2.outbox_events` both make
-// `outbox_claim` where `migrate` runs; the second migrate replaced the first's and the first
-// table's events were marked processed by the second's relay (issue 43). Returns why `function`
+// name (function_prefix); releases before functions lived in the table's schema made them where
+// `migrate` ran, so `s1.outbox_events` and `s2.outbox_events` both made `outbox_claim` there; the
+// second migrate replaced the first's and the first table's events were marked processed by the
+// second's relay (issue 43). Returns why `function`
 // (a regprocedure text: "public.outbox_claim(text, ...)" or unqualified, resolved on the session's
 // path) does not serve `table` (as configured; an unqualified one resolved on the path, or to be
 // made in current_schema()), naming the table it does serve; nullopt when it serves it or does not
@@ -84,6 +100,8 @@ std::string url_user(const std::string& url);
 template <class Int>
 std::string int_array(const Int* begin, const Int* end);
 
+// An identifier quoted as quote_ident() always does ("a""b" for a"b), without a session.
+std::string quote_identifier(const std::string& name);
 // Quoted SQL literal usable before a session exists (for fixed identifiers we validated).
 std::string table_name_only(const std::string& table);  // "app.outbox_events" -> "outbox_events"
 // The prefix of the schema's functions: the bare name without a trailing "_events"

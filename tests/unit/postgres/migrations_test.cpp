@@ -4,6 +4,7 @@
 
 #include "postgres/migrations.hpp"
 #include "postgres/pg_store.hpp"
+#include "postgres/session.hpp"
 
 using outbox::pg::embedded_migrations;
 using outbox::pg::render_migration;
@@ -19,22 +20,35 @@ TEST_CASE("the relay runs on the newest embedded schema, which `run` requires") 
   CHECK(embedded_migrations().back().version == outbox::pg::kSchemaVersion);
 }
 
-TEST_CASE("placeholders are filled for the default and custom tables") {
-  const std::string sql = "{{table}} {{name}}_idx {{prefix}}_publish '{{channel}}'";
-  CHECK(render_migration(sql, "outbox_events", "outbox_wakeup") ==
-        "outbox_events outbox_events_idx outbox_publish 'outbox_wakeup'");
-  CHECK(render_migration(sql, "billing.invoice_events", "bell") ==
-        "billing.invoice_events invoice_events_idx invoice_publish 'bell'");
-  CHECK(render_migration(sql, "jobs", "c") == "jobs jobs_idx jobs_publish 'c'");
-  const std::string rendered = render_migration(embedded_migrations().front().sql, "outbox_events", "outbox_wakeup");
+TEST_CASE("placeholders are filled: the table and its functions qualified by the table's schema") {
+  const std::string sql = "{{table}} {{name}}_idx {{fn}}_publish {{prefix}}_fence '{{channel}}' {{mark_ns}}";
+  const auto mark = [](const std::string& seed) { return std::to_string(outbox::pg::writer_mark_keys(seed).lanes); };
+  CHECK(render_migration(sql, {"public", "outbox_events", "public", "outbox_events"}, "outbox_wakeup") ==
+        "\"public\".\"outbox_events\" outbox_events_idx \"public\".outbox_publish outbox_fence 'outbox_wakeup' " +
+            mark("outbox_events"));
+  CHECK(render_migration(sql, {"billing", "invoice_events", "billing", "billing.invoice_events"}, "bell") ==
+        "\"billing\".\"invoice_events\" invoice_events_idx \"billing\".invoice_publish invoice_fence 'bell' " +
+            mark("billing.invoice_events"));
+  CHECK(render_migration(sql, {"a\"b", "jobs", "a\"b", "x"}, "c") ==
+        "\"a\"\"b\".\"jobs\" jobs_idx \"a\"\"b\".jobs_publish jobs_fence 'c' " + mark("x"));
+  const std::string rendered = render_migration(
+      embedded_migrations().front().sql, {"public", "outbox_events", "public", "outbox_events"}, "outbox_wakeup");
   CHECK(rendered.find("{{") == std::string::npos);
-  CHECK(rendered.find("FUNCTION outbox_publish(") != std::string::npos);
+  CHECK(rendered.find("FUNCTION \"public\".outbox_publish(") != std::string::npos);
   CHECK(rendered.find("pg_notify('outbox_wakeup', '')") != std::string::npos);
+}
+
+TEST_CASE("two tables of one name in two schemas get lock namespaces of their own; public keeps its own") {
+  using outbox::pg::lock_key;
+  CHECK(lock_key("public", "outbox_events") == "outbox_events");
+  CHECK(lock_key("s1", "outbox_events") == "s1.outbox_events");
+  CHECK(lock_key("s1", "outbox_events") != lock_key("s2", "outbox_events"));
 }
 
 TEST_CASE("every embedded migration renders without a placeholder left") {
   for (const auto& m : embedded_migrations()) {
     CAPTURE(m.name);
-    CHECK(render_migration(m.sql, "billing.invoice_events", "bell").find("{{") == std::string::npos);
+    CHECK(render_migration(m.sql, {"billing", "invoice_events", "billing", "billing.invoice_events"}, "bell")
+              .find("{{") == std::string::npos);
   }
 }
