@@ -2,9 +2,10 @@
 -- Placeholders filled by `outbox-relay migrate`: {{table}} (schema-qualified and quoted),
 -- {{name}} (the bare table name, for index names), {{fence_tag}} (a 22-bit number
 -- derived from the table, see the fence below), {{prefix}} (the bare name without a
--- trailing "_events", for trigger names), {{fn}} (the prefix qualified by the table's schema, for
--- functions: "app".outbox gives "app".outbox_publish, so that two outbox tables in two schemas
--- have functions of their own), {{channel}} (NOTIFY channel).
+-- trailing "_events", for trigger names), {{schema}} and {{function_schema}} (quoted: the table's,
+-- and its functions'), {{fn}} (the prefix qualified by the functions' schema: "app".outbox gives
+-- "app".outbox_publish, so that two outbox tables in two schemas have functions of their own),
+-- {{writer_role}} and {{relay_role}} (database.roles), {{channel}} (NOTIFY channel).
 -- The whole file runs in one transaction; the migrate command records the version afterwards.
 
 CREATE TABLE IF NOT EXISTS {{table}} (
@@ -107,25 +108,28 @@ $fn$;
 -- Least-privilege roles (NOLOGIN groups: grant them to your login roles).
 DO $roles$
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_writer') THEN
-    CREATE ROLE outbox_writer NOLOGIN;
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{{writer_role}}') THEN
+    CREATE ROLE {{writer_role}} NOLOGIN;
   END IF;
-  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outbox_relay') THEN
-    CREATE ROLE outbox_relay NOLOGIN;
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{{relay_role}}') THEN
+    CREATE ROLE {{relay_role}} NOLOGIN;
   END IF;
 END
 $roles$;
 
+-- Both reach the table's schema (and the functions' where it is another): nothing else of it.
+GRANT USAGE ON SCHEMA {{schema}} TO {{writer_role}}, {{relay_role}};
+GRANT USAGE ON SCHEMA {{function_schema}} TO {{writer_role}}, {{relay_role}};
 -- Writers may only add events, directly or through the function.
-GRANT INSERT (topic, aggregate_id, payload, headers) ON {{table}} TO outbox_writer;
+GRANT INSERT (topic, aggregate_id, payload, headers) ON {{table}} TO {{writer_role}};
 -- RETURNING id needs SELECT on id, nothing more.
-GRANT SELECT (id) ON {{table}} TO outbox_writer;
-GRANT EXECUTE ON FUNCTION {{fn}}_publish(text, text, jsonb, jsonb) TO outbox_writer;
+GRANT SELECT (id) ON {{table}} TO {{writer_role}};
+GRANT EXECUTE ON FUNCTION {{fn}}_publish(text, text, jsonb, jsonb) TO {{writer_role}};
 -- The relay reads, claims, completes and (on_success: delete, retention) deletes.
-GRANT SELECT, UPDATE, DELETE ON {{table}} TO outbox_relay;
+GRANT SELECT, UPDATE, DELETE ON {{table}} TO {{relay_role}};
 -- The claim reads the id sequence's last value (see the fence above).
 DO $grant_sequence$
 BEGIN
-  EXECUTE format('GRANT SELECT ON SEQUENCE %s TO outbox_relay', pg_get_serial_sequence('{{table}}', 'id'));
+  EXECUTE format('GRANT SELECT ON SEQUENCE %s TO {{relay_role}}', pg_get_serial_sequence('{{table}}', 'id'));
 END
 $grant_sequence$;

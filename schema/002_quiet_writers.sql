@@ -230,4 +230,4 @@ $create_claim$;
 REVOKE ALL ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
-                                            bigint, text[]) TO outbox_relay;
+                                            bigint, text[]) TO {{relay_role}};

@@ -235,8 +235,8 @@ $fn$;
 REVOKE ALL ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, text[], bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
-                                            bigint, text[], bigint) TO outbox_relay;
+                                            bigint, text[], bigint) TO {{relay_role}};
 REVOKE ALL ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, text[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
-                                            bigint, text[]) TO outbox_relay;
+                                            bigint, text[]) TO {{relay_role}};

@@ -155,7 +155,7 @@ END
 $create_writers$;
 
 REVOKE ALL ON FUNCTION {{fn}}_writers() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {{fn}}_writers() TO outbox_relay;
+GRANT EXECUTE ON FUNCTION {{fn}}_writers() TO {{relay_role}};
 
 DO $visibility$
 BEGIN
@@ -368,4 +368,4 @@ $create_claim$;
 REVOKE ALL ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, bigint[], bigint[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
-                                            bigint, bigint[], bigint[]) TO outbox_relay;
+                                            bigint, bigint[], bigint[]) TO {{relay_role}};

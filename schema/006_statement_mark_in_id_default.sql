@@ -65,8 +65,8 @@ BEGIN
     EXECUTE format('ALTER SEQUENCE %I.%I OWNED BY {{table}}.id', v_schema, v_name);
     v_seq := format('%I.%I', v_schema, v_name)::regclass;
     -- Whoever may insert may draw an id; the relay reads the last one.
-    EXECUTE format('GRANT USAGE ON SEQUENCE %s TO outbox_writer', v_seq);
-    EXECUTE format('GRANT SELECT ON SEQUENCE %s TO outbox_relay', v_seq);
+    EXECUTE format('GRANT USAGE ON SEQUENCE %s TO {{writer_role}}', v_seq);
+    EXECUTE format('GRANT SELECT ON SEQUENCE %s TO {{relay_role}}', v_seq);
     FOR g IN
       SELECT DISTINCT x.grantee
         FROM (SELECT (aclexplode(c.relacl)).* FROM pg_class AS c WHERE c.oid = v_table AND c.relacl IS NOT NULL

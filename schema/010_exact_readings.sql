@@ -131,7 +131,7 @@ END
 $create_writers$;
 
 REVOKE ALL ON FUNCTION {{fn}}_writers() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION {{fn}}_writers() TO outbox_relay;
+GRANT EXECUTE ON FUNCTION {{fn}}_writers() TO {{relay_role}};
 
 -- 5. The claim publishes nothing when the sequence was set back below what the relay knew.
 DO $sequence_set_back$
@@ -399,4 +399,4 @@ $create_claim$;
 REVOKE ALL ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
                                          bigint, bigint[], bigint[], timestamptz) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {{fn}}_claim(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean,
-                                            bigint, bigint[], bigint[], timestamptz) TO outbox_relay;
+                                            bigint, bigint[], bigint[], timestamptz) TO {{relay_role}};

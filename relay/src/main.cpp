@@ -310,8 +310,8 @@ int main(int argc, char** argv) {
   try {
     if (*c.run) return outbox::app::run_relay(config);
     if (*c.migrate) {
-      const auto result =
-          outbox::pg::migrate(config.database.url, config.database.table, config.database.channel, o.to_version);
+      const auto result = outbox::pg::migrate(config.database.url, config.database.table, config.database.channel,
+                                              config.database.roles, o.to_version);
       if (result.applied.empty()) {
         std::printf("schema is up to date (version %d) for %s\n", result.current_version,
                     config.database.table.c_str());

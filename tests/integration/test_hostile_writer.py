@@ -129,6 +129,21 @@ def test_nothing_a_writer_defines_on_the_relays_path_runs_as_the_relay(db, hosti
     assert hostile.records() == []
 
 
+def test_migrate_makes_nothing_in_and_runs_nothing_of_a_writers_schema_first_on_its_path(db, hostile):
+    """migrate resolves the table on its role's path, then runs pinned: a new table's functions are
+    made in the table's schema, not in a schema of the writer's that the path names first (whose
+    owner could then replace them, and they run as the relay), and nothing of the writer's runs."""
+    with db.connect() as c:
+        c.execute("CREATE SCHEMA ledger")
+    on_path = db.url + f"?options=-c%20search_path%3D{hostile.schema}%2Cpublic"
+    run_cli("--table", "ledger.ledger_events", "migrate", env={"DATABASE_URL": on_path})
+    assert db.scalar("SELECT count(*) FROM pg_proc WHERE pronamespace = %s::regnamespace "
+                     "AND proowner <> %s::regrole", (hostile.schema, hostile.writer)) == 0
+    assert db.scalar("SELECT count(*) FROM pg_proc WHERE pronamespace = 'ledger'::regnamespace "
+                     "AND proname LIKE 'ledger\\_%%'") >= 4
+    assert hostile.records() == []
+
+
 def test_a_table_that_shadows_the_outbox_on_the_relays_path_is_refused_by_name(db, hostile, relays, workdir):
     with psycopg.connect(hostile.writer_url, autocommit=True) as w:
         w.execute(f"CREATE TABLE {hostile.schema}.outbox_events (id bigserial PRIMARY KEY, topic text NOT NULL, "

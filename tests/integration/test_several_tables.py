@@ -11,10 +11,11 @@ import random
 import threading
 import time
 import urllib.parse
+import uuid
 
 import psycopg
 
-from conftest import base_config, file_sink, read_jsonl, run_cli, wait_until
+from conftest import base_config, file_sink, read_jsonl, run_cli, wait_until, yaml_config
 
 WRITERS, PER_WRITER, KEYS = 4, 150, 20
 HOLD_SECONDS = 10.0
@@ -141,3 +142,52 @@ def test_three_tables_in_three_schemas_are_independent(db, workdir, relays):
                   if k[0] == s and hold_began + 0.5 < t < hold_began + HOLD_SECONDS - 2.0]
         assert len(during) > 50, f"{s}: too few events during the hold ({len(during)})"
         assert max(during) < 2.0, f"{s}: an event waited {max(during):.1f} s behind s2's open writer"
+
+
+def test_tables_with_roles_of_their_own_cannot_reach_each_other(db, workdir, relays):
+    """database.roles: migrate makes <roles>_writer and <roles>_relay for the table. A writer of s1
+    cannot insert into s2, a relay of s1 can neither read s2's rows nor call s2's functions, the
+    shared default roles get nothing on either, and s1's relay logged in through its own role works."""
+    tag = uuid.uuid4().hex[:6]
+    password = db.url.split(":")[2].split("@")[0]
+    logins = {}
+    with db.connect() as conn:
+        for s in ("s1", "s2"):
+            conn.execute(f"CREATE SCHEMA {s}")
+    for s in ("s1", "s2"):
+        config = base_config(db, file_sink(workdir / f"{s}.jsonl"))
+        config["database"].update({"table": f"{s}.outbox_events", "roles": f"{s}_{tag}"})
+        path = workdir / f"{s}.yaml"
+        path.write_text(yaml_config(config))
+        run_cli("--config", str(path), "migrate")
+        with db.connect() as conn:
+            for kind in ("writer", "relay"):
+                login = f"{s}_{kind}_{tag}"
+                conn.execute(f"CREATE ROLE {login} LOGIN PASSWORD 'p' IN ROLE {s}_{tag}_{kind}")
+                logins[(s, kind)] = db.url.replace("postgres:" + password, f"{login}:p")
+
+    def refused(url, sql):
+        with psycopg.connect(url, autocommit=True) as conn:
+            try:
+                conn.execute(sql)
+            except psycopg.errors.InsufficientPrivilege:
+                return True
+        return False
+
+    insert = "INSERT INTO {}.outbox_events (topic, aggregate_id, payload) VALUES ('t', 'k', '{{}}')"
+    with psycopg.connect(logins[("s1", "writer")], autocommit=True) as conn:
+        conn.execute(insert.format("s1"))
+    assert refused(logins[("s1", "writer")], insert.format("s2"))
+    assert refused(logins[("s1", "writer")], "SELECT payload FROM s1.outbox_events")
+    assert refused(logins[("s1", "relay")], "SELECT payload FROM s2.outbox_events")
+    assert refused(logins[("s1", "relay")], "SELECT * FROM s2.outbox_writers()")
+    assert refused(logins[("s2", "writer")], insert.format("s1"))
+    for s in ("s1", "s2"):
+        for role, privilege in (("outbox_writer", "INSERT"), ("outbox_relay", "SELECT")):
+            assert not db.scalar("SELECT has_table_privilege(%s, %s, %s)", (role, f"{s}.outbox_events", privilege))
+
+    config = base_config(db, file_sink(workdir / "s1.jsonl"))
+    config["database"].update({"url": logins[("s1", "relay")], "table": "s1.outbox_events"})
+    relays(config)
+    wait_until(lambda: len(read_jsonl(workdir / "s1.jsonl")) == 1, message="s1's event")
+    assert db.scalar("SELECT count(*) FROM s2.outbox_events") == 0

@@ -18,6 +18,7 @@ DatabaseConfig parse_database(Section& s) {
   c.url = s.string_or("url", "");
   c.channel = s.string_or("channel", c.channel);
   c.table = s.string_or("table", c.table);
+  c.roles = s.string_or("roles", c.roles);
   if (auto b = s.section("reconnect")) {
     c.reconnect.initial = b->duration_or("initial", c.reconnect.initial);
     c.reconnect.max = b->duration_or("max", c.reconnect.max);
@@ -33,6 +34,11 @@ DatabaseConfig parse_database(Section& s) {
   static const std::regex kIdentifier("[a-z_][a-z0-9_]{0,62}");
   if (!std::regex_match(c.channel, kIdentifier)) {
     throw ConfigError(s.key_path("channel") + ": expected a lower-case SQL identifier, got '" + c.channel + "'");
+  }
+  static const std::regex kRolePrefix("[a-z_][a-z0-9_]{0,55}");  // + "_writer" fits Postgres's 63
+  if (!std::regex_match(c.roles, kRolePrefix)) {
+    throw ConfigError(s.key_path("roles") + ": expected a lower-case SQL identifier of at most 56 characters, got '" +
+                      c.roles + "'");
   }
   check_table_name(c.table, s.key_path("table"));
   s.finish();
@@ -229,6 +235,7 @@ nlohmann::json describe(const Config& c) {
            {{"url", "*****"},
             {"channel", c.database.channel},
             {"table", c.database.table},
+            {"roles", c.database.roles},
             {"reconnect",
              {{"initial", format_duration(c.database.reconnect.initial)},
               {"max", format_duration(c.database.reconnect.max)}}}}},

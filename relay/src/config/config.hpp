@@ -18,6 +18,9 @@ struct DatabaseConfig {
   std::string url;  // secret: never logged unmasked
   std::string channel = "outbox_wakeup";
   std::string table = "outbox_events";
+  // The roles `migrate` makes and grants the table to: <roles>_writer and <roles>_relay. One per
+  // table where tables must not reach each other's rows (the default is shared by every table).
+  std::string roles = "outbox";
   // Reconnect backoff of the relay's sessions (work and LISTEN): initial doubling up to max, with
   // jitter. An error that needs an operator (docs/operations.md "Database errors") waits max at
   // once.

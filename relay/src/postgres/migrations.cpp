@@ -52,7 +52,11 @@ std::string render_migration(const std::string& sql, const MigrationTarget& targ
   replace_all(out, "{{name}}", target.name);
   replace_all(out, "{{fn}}", quote_identifier(target.function_schema) + "." + function_prefix(target.name));
   replace_all(out, "{{prefix}}", function_prefix(target.name));
+  replace_all(out, "{{schema}}", schema);
+  replace_all(out, "{{function_schema}}", quote_identifier(target.function_schema));
   replace_all(out, "{{channel}}", channel);
+  replace_all(out, "{{writer_role}}", target.roles + "_writer");
+  replace_all(out, "{{relay_role}}", target.roles + "_relay");
   replace_all(out, "{{fence_tag}}", std::to_string(fence_tag(target.lock_key)));
   const WriterMarkKeys marks = writer_mark_keys(target.lock_key);
   replace_all(out, "{{mark_ns}}", std::to_string(marks.lanes));
@@ -71,7 +75,8 @@ std::pair<std::string, std::string> other_recorded_names(const MigrationTarget& 
 
 }  // namespace
 
-MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel, int to_version) {
+MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel,
+                      const std::string& roles, int to_version) {
   for (int attempt = 1;; ++attempt) {
     try {
       // The table's schema, resolved on the role's own path (an unqualified name held by several
@@ -84,7 +89,7 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
                                  table + " in: set database.table to a schema-qualified name");
       }
       const std::string name = table_name_only(table);
-      MigrationTarget target{names.schema, name, names.found ? names.function_schema : names.schema,
+      MigrationTarget target{names.schema, name, names.found ? names.function_schema : names.schema, roles,
                              lock_key(names.schema, name)};
       const std::string records =
           names.found ? names.migrations : quote_identifier(names.schema) + ".outbox_schema_migrations";

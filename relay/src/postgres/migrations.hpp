@@ -20,8 +20,9 @@ struct MigrationTarget {
   std::string name;             // the bare table name, unquoted
   std::string function_schema;  // unquoted: where its functions are made: the table's schema, or where
                                 // an earlier release made them (the first schema of migrate's path)
+  std::string roles;            // the roles' prefix: <roles>_writer, <roles>_relay (database.roles)
   std::string lock_key;         // the seed of the writers' fence and mark namespaces (pg::lock_key(), or the
-                                // table as configured for an installation migrated before schema 12)
+                                // table as configured for an installation migrated before this release)
 };
 
 // Fills the placeholders. Pure.
@@ -43,6 +44,7 @@ struct MigrateResult {
 inline constexpr std::chrono::milliseconds kMigrateLockTimeout{100};
 inline constexpr std::chrono::milliseconds kMigrateRetryPause{200};
 inline constexpr int kMigrateLockTries = 100;
-MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel, int to_version = 0);
+MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel,
+                      const std::string& roles = "outbox", int to_version = 0);
 
 }  // namespace outbox::pg

@@ -48,6 +48,7 @@ TEST_CASE("the documented example parses into typed values") {
   const Config c = parse_config(kIssueExample, env_of({}));
   CHECK(c.database.url == "postgresql://relay@127.0.0.1:5432/app");
   CHECK(c.database.channel == "outbox_wakeup");
+  CHECK(c.database.roles == "outbox");
   CHECK(c.relay.batch_size == 500);
   CHECK(c.relay.lease == milliseconds(60'000));
   CHECK(c.relay.sweep_interval == milliseconds(30'000));
@@ -121,6 +122,8 @@ TEST_CASE("each bad config names its key and what was expected") {
   };
   const Case cases[] = {
       {url + "relay: {lease: 60}" + sinks, "relay.lease: expected a duration"},
+      {"database: {url: postgresql://x/db, roles: Billing}" + sinks,
+       "database.roles: expected a lower-case SQL identifier of at most 56 characters, got 'Billing'"},
       {url + "relay: {writer_hold_warning: later}" + sinks, "relay.writer_hold_warning: expected a duration"},
       {url + "relay: {sweep_interval: soon}" + sinks, "relay.sweep_interval: expected a duration"},
       {url + "relay: {batch_size: 0}" + sinks, "relay.batch_size: expected a whole number from 1"},

@@ -21,18 +21,20 @@ TEST_CASE("the relay runs on the newest embedded schema, which `run` requires") 
 }
 
 TEST_CASE("placeholders are filled: the table and its functions qualified by the table's schema") {
-  const std::string sql = "{{table}} {{name}}_idx {{fn}}_publish {{prefix}}_fence '{{channel}}' {{mark_ns}}";
+  const std::string sql =
+      "{{table}} {{name}}_idx {{fn}}_publish {{prefix}}_fence '{{channel}}' {{mark_ns}} {{writer_role}} {{relay_role}}";
   const auto mark = [](const std::string& seed) { return std::to_string(outbox::pg::writer_mark_keys(seed).lanes); };
-  CHECK(render_migration(sql, {"public", "outbox_events", "public", "outbox_events"}, "outbox_wakeup") ==
+  CHECK(render_migration(sql, {"public", "outbox_events", "public", "outbox", "outbox_events"}, "outbox_wakeup") ==
         "\"public\".\"outbox_events\" outbox_events_idx \"public\".outbox_publish outbox_fence 'outbox_wakeup' " +
-            mark("outbox_events"));
-  CHECK(render_migration(sql, {"billing", "invoice_events", "billing", "billing.invoice_events"}, "bell") ==
+            mark("outbox_events") + " outbox_writer outbox_relay");
+  CHECK(render_migration(sql, {"billing", "invoice_events", "billing", "billing", "billing.invoice_events"}, "bell") ==
         "\"billing\".\"invoice_events\" invoice_events_idx \"billing\".invoice_publish invoice_fence 'bell' " +
-            mark("billing.invoice_events"));
-  CHECK(render_migration(sql, {"a\"b", "jobs", "a\"b", "x"}, "c") ==
-        "\"a\"\"b\".\"jobs\" jobs_idx \"a\"\"b\".jobs_publish jobs_fence 'c' " + mark("x"));
-  const std::string rendered = render_migration(
-      embedded_migrations().front().sql, {"public", "outbox_events", "public", "outbox_events"}, "outbox_wakeup");
+            mark("billing.invoice_events") + " billing_writer billing_relay");
+  CHECK(render_migration(sql, {"a\"b", "jobs", "a\"b", "jobs", "x"}, "c") ==
+        "\"a\"\"b\".\"jobs\" jobs_idx \"a\"\"b\".jobs_publish jobs_fence 'c' " + mark("x") + " jobs_writer jobs_relay");
+  const std::string rendered =
+      render_migration(embedded_migrations().front().sql,
+                       {"public", "outbox_events", "public", "outbox", "outbox_events"}, "outbox_wakeup");
   CHECK(rendered.find("{{") == std::string::npos);
   CHECK(rendered.find("FUNCTION \"public\".outbox_publish(") != std::string::npos);
   CHECK(rendered.find("pg_notify('outbox_wakeup', '')") != std::string::npos);
@@ -48,7 +50,7 @@ TEST_CASE("two tables of one name in two schemas get lock namespaces of their ow
 TEST_CASE("every embedded migration renders without a placeholder left") {
   for (const auto& m : embedded_migrations()) {
     CAPTURE(m.name);
-    CHECK(render_migration(m.sql, {"billing", "invoice_events", "billing", "billing.invoice_events"}, "bell")
+    CHECK(render_migration(m.sql, {"billing", "invoice_events", "billing", "billing", "billing.invoice_events"}, "bell")
               .find("{{") == std::string::npos);
   }
 }
