@@ -3,9 +3,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <vector>
 
 #include "app/run.hpp"
@@ -14,6 +16,7 @@
 #include "log/log.hpp"
 #include "postgres/admin.hpp"
 #include "postgres/migrations.hpp"
+#include "sinks/registry.hpp"
 #include "version.hpp"
 
 namespace {
@@ -36,6 +39,7 @@ struct Options {
   long long from_id = 0;
   long long to_id = 0;
   int to_version = 0;  // migrate
+  bool print = false;  // config check
 };
 
 // The config for commands that only need the database: from --config if given, else from
@@ -51,6 +55,44 @@ outbox::config::Config load(const Options& o) {
   outbox::log::set_level(level);
   outbox::app::register_secrets(c);
   return c;
+}
+
+// `config check`: every error of the file (each section, sink and route read on after its own
+// error), each with the line of its key, and exit 2; else OK, or with --print the effective config
+// with defaults filled in and secrets masked (as `run` logs it at start). Connects to nothing.
+int check_config(const Options& o) {
+  if (o.config_path.empty()) {
+    std::fprintf(stderr, "outbox-relay: config check: --config is required\n");
+    return kExitUsage;
+  }
+  std::ifstream in(o.config_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<std::string> errors;
+  outbox::config::Config c;
+  try {
+    c = outbox::config::parse_config(text.str(), outbox::config::process_env(), o.database_url, &errors);
+    if (!o.table.empty()) c.database.table = outbox::config::table_option(o.table);
+  } catch (const outbox::config::ConfigError& e) {  // not YAML at all, or a bad --table
+    errors.emplace_back(e.what());
+  }
+  if (c.sinks.empty() && errors.empty()) errors.emplace_back("sinks: expected at least one sink");
+  const auto prepared = outbox::app::prepare_sinks(c, &errors);
+  outbox::app::register_secrets(c);
+  for (const auto& e : errors) {
+    std::fprintf(stderr, "outbox-relay: config error: %s\n",
+                 outbox::log::redact(outbox::config::with_line(text.str(), e)).c_str());
+  }
+  if (!errors.empty()) return kExitUsage;
+  if (!o.print) {
+    std::printf("config OK: %s (%zu sinks, %zu routes)\n", o.config_path.c_str(), c.sinks.size(), c.routes.size());
+    return 0;
+  }
+  auto effective = outbox::config::describe(c);
+  effective["sinks"] = outbox::sinks::describe(prepared);
+  effective["log"] = {{"level", c.log_level}};
+  std::printf("%s\n", effective.dump(2).c_str());
+  return 0;
 }
 
 nlohmann::json open_writer_json(const outbox::pg::OpenWriterStatus& w) {
@@ -199,6 +241,8 @@ struct Commands {
   CLI::App* failed_retry = nullptr;
   CLI::App* failed_purge = nullptr;
   CLI::App* replay = nullptr;
+  CLI::App* config = nullptr;
+  CLI::App* config_check = nullptr;
   CLI::Option* to_id = nullptr;  // replay --to-id, given or not
 };
 
@@ -252,7 +296,14 @@ Commands define_commands(CLI::App& app, Options& o) {
   c.replay->add_option("--topic", o.topic, "only events of this topic")->check(not_empty);
   c.replay->add_flag("--json", o.json, "machine-readable output");
 
-  for (auto* sub : {c.run, c.migrate, c.status, c.failed, c.failed_list, c.failed_retry, c.failed_purge, c.replay}) {
+  c.config = app.add_subcommand("config", "Check a config file without connecting to anything");
+  c.config->require_subcommand(1);
+  c.config_check = c.config->add_subcommand(
+      "check", "Parse and validate --config (and the environment it refers to); print every error with its line");
+  c.config_check->add_flag("--print", o.print, "print the effective config, defaults filled in, secrets masked");
+
+  for (auto* sub : {c.run, c.migrate, c.status, c.failed, c.failed_list, c.failed_retry, c.failed_purge, c.replay,
+                    c.config, c.config_check}) {
     sub->fallthrough();
   }
   return c;
@@ -295,6 +346,8 @@ int main(int argc, char** argv) {
                  o.to_id);
     return kExitUsage;
   }
+
+  if (*c.config_check) return check_config(o);
 
   outbox::config::Config config;
   try {

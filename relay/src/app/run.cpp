@@ -53,8 +53,8 @@ std::string default_cloudevents_source(const std::string& database_url, const st
   return "outbox-relay/" + (database.empty() ? std::string() : database + "/") + table;
 }
 
-std::vector<sinks::PreparedSink> prepare_sinks(const config::Config& config) {
-  return sinks::prepare_sinks(config, default_cloudevents_source(config.database.url, config.database.table));
+std::vector<sinks::PreparedSink> prepare_sinks(const config::Config& config, std::vector<std::string>* errors) {
+  return sinks::prepare_sinks(config, default_cloudevents_source(config.database.url, config.database.table), errors);
 }
 
 void register_secrets(const config::Config& config) {

@@ -23,7 +23,8 @@ std::string database_password(const std::string& url);
 std::string default_cloudevents_source(const std::string& database_url, const std::string& table);
 
 // The config's sinks, read by the registry with the default CloudEvents source of its database.
-// Throws config::ConfigError naming the key.
-std::vector<sinks::PreparedSink> prepare_sinks(const config::Config& config);
+// Throws config::ConfigError naming the key; with errors, keeps each sink's there instead.
+std::vector<sinks::PreparedSink> prepare_sinks(const config::Config& config,
+                                               std::vector<std::string>* errors = nullptr);
 
 }  // namespace outbox::app

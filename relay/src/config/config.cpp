@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -165,7 +166,46 @@ std::string table_option(const std::string& value) {
   return name;
 }
 
-Config parse_config(const std::string& yaml_text, const EnvLookup& env, const std::string& database_url_override) {
+namespace {
+
+// Runs one step of parsing: with errors, an error of the step is kept and parsing goes on.
+template <class Fn>
+bool step(std::vector<std::string>* errors, Fn&& fn) {
+  if (errors == nullptr) {
+    fn();
+    return true;
+  }
+  try {
+    fn();
+    return true;
+  } catch (const ConfigError& e) {
+    errors->emplace_back(e.what());
+    return false;
+  }
+}
+
+RouteConfig parse_route(Section& s, const std::set<std::string>& names) {
+  RouteConfig r;
+  r.topics = s.string_list("topics");
+  r.sinks = s.string_list("sinks");
+  if (r.topics.empty()) throw ConfigError(s.key_path("topics") + ": expected a non-empty list of topic patterns");
+  if (r.sinks.empty()) throw ConfigError(s.key_path("sinks") + ": expected a non-empty list of sink names");
+  for (std::size_t i = 0; i < r.sinks.size(); ++i) {
+    if (!names.count(r.sinks[i])) {
+      std::string all;
+      for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+      throw ConfigError(s.key_path("sinks") + "[" + std::to_string(i) + "]: unknown sink '" + r.sinks[i] +
+                        "' (sinks defined: " + all + ")");
+    }
+  }
+  s.finish();
+  return r;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& yaml_text, const EnvLookup& env, const std::string& database_url_override,
+                    std::vector<std::string>* errors) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -174,48 +214,83 @@ Config parse_config(const std::string& yaml_text, const EnvLookup& env, const st
   }
   Section top(std::make_shared<YAML::Node>(root), "", env);
   Config c;
-  if (auto s = top.section("database")) c.database = parse_database(*s);
-  if (auto s = top.section("relay")) c.relay = parse_relay(*s);
-  if (auto s = top.section("http")) c.http = parse_http(*s);
-  if (auto s = top.section("log")) {
-    c.log_level = s->choice_or("level", c.log_level, {"debug", "info", "warn", "error"});
-    s->finish();
-  }
-  std::set<std::string> names;
-  for (auto& s : top.section_list("sinks")) c.sinks.push_back(parse_sink(s, names, env));
-  for (auto& s : top.section_list("routes")) {
-    RouteConfig r;
-    r.topics = s.string_list("topics");
-    r.sinks = s.string_list("sinks");
-    if (r.topics.empty()) throw ConfigError(s.key_path("topics") + ": expected a non-empty list of topic patterns");
-    if (r.sinks.empty()) throw ConfigError(s.key_path("sinks") + ": expected a non-empty list of sink names");
-    for (std::size_t i = 0; i < r.sinks.size(); ++i) {
-      if (!names.count(r.sinks[i])) {
-        throw ConfigError(s.key_path("sinks") + "[" + std::to_string(i) + "]: unknown sink '" + r.sinks[i] +
-                          "' (sinks defined: " +
-                          [&] {
-                            std::string all;
-                            for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
-                            return all;
-                          }() +
-                          ")");
-      }
+  const bool database_read = step(errors, [&] {
+    if (auto s = top.section("database")) c.database = parse_database(*s);
+  });
+  step(errors, [&] {
+    if (auto s = top.section("relay")) c.relay = parse_relay(*s);
+  });
+  step(errors, [&] {
+    if (auto s = top.section("http")) c.http = parse_http(*s);
+  });
+  step(errors, [&] {
+    if (auto s = top.section("log")) {
+      c.log_level = s->choice_or("level", c.log_level, {"debug", "info", "warn", "error"});
+      s->finish();
     }
-    s.finish();
-    c.routes.push_back(std::move(r));
-  }
-  top.finish();
+  });
+  std::set<std::string> names;
+  std::vector<Section> sinks, routes;
+  step(errors, [&] { sinks = top.section_list("sinks"); });
+  for (auto& s : sinks) step(errors, [&] { c.sinks.push_back(parse_sink(s, names, env)); });
+  step(errors, [&] { routes = top.section_list("routes"); });
+  for (auto& s : routes) step(errors, [&] { c.routes.push_back(parse_route(s, names)); });
+  step(errors, [&] { top.finish(); });
 
   if (!database_url_override.empty()) {
     c.database.url = database_url_override;
   } else if (c.database.url.empty()) {
     c.database.url = env("DATABASE_URL").value_or("");
   }
-  if (c.database.url.empty()) {
-    throw ConfigError(
-        "database.url: required, but missing (set it in the file, pass --database-url or set DATABASE_URL)");
-  }
+  step(errors, [&] {
+    if (c.database.url.empty() && database_read) {  // else the section's own error says why
+      throw ConfigError(
+          "database.url: required, but missing (set it in the file, pass --database-url or set DATABASE_URL)");
+    }
+  });
   return c;
+}
+
+std::string with_line(const std::string& yaml_text, const std::string& message) {
+  const auto colon = message.find(": ");
+  if (colon == std::string::npos) return message;
+  YAML::Node node;
+  try {
+    node = YAML::Load(yaml_text);
+  } catch (const YAML::Exception&) {
+    return message;
+  }
+  // "sinks[1].brokers" -> sinks, 1, brokers; a key that is not there keeps its parent's line.
+  const std::string path = message.substr(0, colon);
+  std::optional<int> line;
+  std::size_t pos = 0;
+  while (pos < path.size() && node.IsDefined()) {
+    const auto end = path.find_first_of(".[", pos + 1);
+    std::string part = path.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    pos = end == std::string::npos ? path.size() : end;
+    if (!part.empty() && part.front() == '.') part.erase(0, 1);
+    YAML::Node next;
+    if (!part.empty() && part.front() == '[') {
+      if (!node.IsSequence()) break;
+      const auto index = static_cast<std::size_t>(std::strtoull(part.c_str() + 1, nullptr, 10));
+      if (index >= node.size()) break;
+      next.reset(node[index]);
+      line = next.Mark().line + 1;
+    } else {
+      if (!node.IsMap()) break;
+      bool found = false;
+      for (const auto& kv : node) {
+        if (kv.first.IsScalar() && kv.first.Scalar() == part) {
+          line = kv.first.Mark().line + 1;
+          next.reset(kv.second);
+          found = true;
+        }
+      }
+      if (!found) break;
+    }
+    node.reset(next);
+  }
+  return line ? "line " + std::to_string(*line) + ": " + message : message;
 }
 
 Config load_config(const std::string& path, const EnvLookup& env, const std::string& database_url_override) {

@@ -107,8 +107,16 @@ struct Config {
 
 // Parses YAML text. `database_url_override` (from --database-url) wins over the file; the
 // DATABASE_URL variable fills database.url when neither gives one. Throws ConfigError.
-Config parse_config(const std::string& yaml_text, const EnvLookup& env, const std::string& database_url_override = {});
+// errors: when given, every error is collected there instead (each section, sink and route is
+// read on after an error of its own; `config check`), and what parsed is returned.
+Config parse_config(const std::string& yaml_text, const EnvLookup& env, const std::string& database_url_override = {},
+                    std::vector<std::string>* errors = nullptr);
 Config load_config(const std::string& path, const EnvLookup& env, const std::string& database_url_override = {});
+
+// An error message of this config ("relay.batch_size: expected ...") with the line its key is
+// on in yaml_text in front ("line 12: relay.batch_size: ..."); as it is when the key is not in the
+// text (a default, or a key that the message does not start with).
+std::string with_line(const std::string& yaml_text, const std::string& message);
 
 // The one rule for outbox table names (database.table, --table): a lower-case SQL identifier,
 // optionally schema-qualified ("app.outbox_events"). Throws ConfigError naming `key`.

@@ -28,29 +28,48 @@ std::vector<std::string> sink_type_names() {
   return names;
 }
 
-std::vector<PreparedSink> prepare_sinks(const config::Config& config, const std::string& default_cloudevents_source) {
+namespace {
+
+PreparedSink prepare_sink(const config::SinkConfig& entry, const std::string& default_cloudevents_source) {
+  config::Section section(entry.section, entry.path, entry.env);
+  section.required_string("name");  // checked by config/
+  const std::string type = section.choice_or("type", "", sink_type_names());
+  if (type.empty()) {
+    std::string all;
+    for (const auto& t : sink_type_names()) all += (all.empty() ? "" : ", ") + t;
+    throw config::ConfigError(section.key_path("type") + ": required, expected one of: " + all);
+  }
+  Envelope envelope;
+  if (section.choice_or("format", "json", {"json", "cloudevents"}) == "cloudevents") {
+    envelope.format = EnvelopeFormat::kCloudEvents;
+  }
+  envelope.source = section.string_or("cloudevents_source", default_cloudevents_source);
+  if (envelope.source.empty()) {
+    throw config::ConfigError(section.key_path("cloudevents_source") + ": must not be empty");
+  }
+  PreparedSink prepared;
+  for (const auto& t : sink_types()) {
+    if (t.name == type) prepared = {entry.name, type, t.parse(section, envelope)};
+  }
+  section.finish();
+  return prepared;
+}
+
+}  // namespace
+
+std::vector<PreparedSink> prepare_sinks(const config::Config& config, const std::string& default_cloudevents_source,
+                                        std::vector<std::string>* errors) {
   std::vector<PreparedSink> prepared;
   for (const auto& entry : config.sinks) {
-    config::Section section(entry.section, entry.path, entry.env);
-    section.required_string("name");  // checked by config/
-    const std::string type = section.choice_or("type", "", sink_type_names());
-    if (type.empty()) {
-      std::string all;
-      for (const auto& t : sink_type_names()) all += (all.empty() ? "" : ", ") + t;
-      throw config::ConfigError(section.key_path("type") + ": required, expected one of: " + all);
+    if (errors == nullptr) {
+      prepared.push_back(prepare_sink(entry, default_cloudevents_source));
+      continue;
     }
-    Envelope envelope;
-    if (section.choice_or("format", "json", {"json", "cloudevents"}) == "cloudevents") {
-      envelope.format = EnvelopeFormat::kCloudEvents;
+    try {
+      prepared.push_back(prepare_sink(entry, default_cloudevents_source));
+    } catch (const config::ConfigError& e) {
+      errors->emplace_back(e.what());
     }
-    envelope.source = section.string_or("cloudevents_source", default_cloudevents_source);
-    if (envelope.source.empty()) {
-      throw config::ConfigError(section.key_path("cloudevents_source") + ": must not be empty");
-    }
-    for (const auto& t : sink_types()) {
-      if (t.name == type) prepared.push_back({entry.name, type, t.parse(section, envelope)});
-    }
-    section.finish();
   }
   return prepared;
 }

@@ -79,8 +79,10 @@ struct PreparedSink {
 // Parses every entry of config.sinks with its type's row, after the keys every sink has (format,
 // cloudevents_source, which defaults to `default_cloudevents_source`: the app derives it from the
 // database, app/run.hpp). Throws config::ConfigError naming the key (sinks[N].type for a type this
-// build does not know, sinks[N].<key> for its settings).
-std::vector<PreparedSink> prepare_sinks(const config::Config& config, const std::string& default_cloudevents_source);
+// build does not know, sinks[N].<key> for its settings). errors: when given, each sink's error is
+// kept there and the other sinks are parsed on (`config check`).
+std::vector<PreparedSink> prepare_sinks(const config::Config& config, const std::string& default_cloudevents_source,
+                                        std::vector<std::string>* errors = nullptr);
 
 // The sinks as the start-up log shows them: name, type and each type's description.
 nlohmann::json describe(const std::vector<PreparedSink>& sinks);

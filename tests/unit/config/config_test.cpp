@@ -238,3 +238,26 @@ TEST_CASE("database.reconnect: the sessions' reconnect backoff, checked") {
         "database.reconnect.initial: expected a duration of at least 1ms, got 0s");
   CHECK(error_of(base + "  reconnect: {maximum: 1s}\n").find("database.reconnect.maximum") != std::string::npos);
 }
+
+TEST_CASE("config check: every error is collected, and each gets the line of its key") {
+  const std::string yaml =
+      "database: {url: postgresql://x/db}\n"
+      "relay:\n"
+      "  batch_size: 0\n"
+      "sinks:\n"
+      "  - {name: a, type: stdout}\n"
+      "  - name: b\n"
+      "    type: stdout\n"
+      "    colour: red\n"
+      "routes: [{topics: ['x'], sinks: [c]}]\n";
+  std::vector<std::string> errors;
+  const Config c = parse_config(yaml, env_of({}), "", &errors);
+  REQUIRE(errors.size() == 2);
+  CHECK(outbox::config::with_line(yaml, errors[0]).starts_with("line 3: relay.batch_size: expected"));
+  CHECK(outbox::config::with_line(yaml, errors[1]).starts_with("line 9: routes[0].sinks[0]: unknown sink 'c'"));
+  CHECK(c.sinks.size() == 2);  // sink keys are the registry's: colour is found by prepare_sinks
+  CHECK(outbox::config::with_line(yaml, "sinks[1].colour: unknown key") == "line 8: sinks[1].colour: unknown key");
+  CHECK(outbox::config::with_line(yaml, "sinks[1].path: required") == "line 6: sinks[1].path: required");
+  CHECK(outbox::config::with_line(yaml, "--table: bad") == "--table: bad");
+  CHECK_THROWS_AS(parse_config(yaml, env_of({})), ConfigError);  // without a list: the first error throws
+}
