@@ -116,3 +116,37 @@ def test_print_shows_defaults_and_masks_secrets(workdir):
     assert hooks["secrets"] == ["*****"] and hooks["headers"]["Authorization"] == "*****"
     for secret in ("hunter2-db", SECRET, "top-secret-token"):
         assert secret not in proc.stdout + proc.stderr
+
+
+def test_print_masks_every_sinks_secrets(workdir):
+    """The effective config of every sink type carrying a password in its URL or properties: none of
+    them is printed (the same description `run` logs at start)."""
+    text = f"""\
+database:
+  url: {URL}
+sinks:
+  - name: k
+    type: kafka
+    brokers: 127.0.0.1:9092
+    properties: {{sasl.mechanism: PLAIN, sasl.username: relay, sasl.password: kafka-pass-1}}
+  - name: n
+    type: nats
+    url: nats://relay:nats-pass-2@127.0.0.1:4222
+  - name: r
+    type: rabbitmq
+    url: amqp://relay:rabbit-pass-3@127.0.0.1:5672/
+    exchange: events
+  - name: s
+    type: redis
+    url: redis://relay:redis-pass-4@127.0.0.1:6379/0
+  - name: w
+    type: webhook
+    url: https://user:hook-pass-5@hooks.example.com/in?token=query-pass-6
+"""
+    proc = check(workdir, text, "--print")
+    assert proc.returncode == 0, proc.stderr
+    effective = json.loads(proc.stdout)
+    assert [s["type"] for s in effective["sinks"]] == ["kafka", "nats", "rabbitmq", "redis", "webhook"]
+    for secret in ("hunter2-db", "kafka-pass-1", "nats-pass-2", "rabbit-pass-3", "redis-pass-4", "hook-pass-5",
+                   "query-pass-6"):
+        assert secret not in proc.stdout + proc.stderr, secret

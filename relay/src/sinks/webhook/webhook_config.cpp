@@ -68,6 +68,21 @@ void parse_url(config::Section& s, WebhookSinkConfig& c) {
     log::add_secret(password);
     curl_url_set(url.get(), CURLUPART_PASSWORD, "*****", 0);
   }
+  // A query often carries the endpoint's token (?token=..., ?sig=...): its values are masked too,
+  // its names kept.
+  if (const std::string query = url_part(url.get(), CURLUPART_QUERY); !query.empty()) {
+    std::string masked;
+    std::size_t pos = 0;
+    while (pos <= query.size()) {
+      const std::size_t end = std::min(query.find('&', pos), query.size());
+      const std::string pair = query.substr(pos, end - pos);
+      const std::size_t eq = pair.find('=');
+      masked += (masked.empty() ? "" : "&") +
+                (eq == std::string::npos ? std::string("*****") : pair.substr(0, eq + 1) + "*****");
+      pos = end + 1;
+    }
+    curl_url_set(url.get(), CURLUPART_QUERY, masked.c_str(), 0);
+  }
   c.url_for_logs = url_part(url.get(), CURLUPART_URL);
   if (c.url_for_logs.empty()) c.url_for_logs = "*****";
 }

@@ -84,6 +84,13 @@ TEST_CASE("every key parses, with ${ENV} interpolation") {
   CHECK(c.tls.insecure_skip_verify);
 }
 
+TEST_CASE("a token in the URL's query is masked in the logged URL, its parameter names kept") {
+  CHECK(parse("    url: https://hooks.example.com/in?token=t0ken-abc&team=payments&flag\n").url_for_logs ==
+        "https://hooks.example.com/in?token=*****&team=*****&*****");
+  CHECK(parse("    url: https://hooks.example.com/in?token=t0ken-abc\n").url ==
+        "https://hooks.example.com/in?token=t0ken-abc");
+}
+
 TEST_CASE("secrets never reach the logs, nor the described config") {
   const auto c = parse(
       "    url: https://user:p4ssw0rd-xyz@hooks.example.com/outbox\n"
