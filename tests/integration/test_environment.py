@@ -149,3 +149,23 @@ def test_an_unlogged_outbox_is_reported(db, relays, workdir):
             c.execute("ALTER TABLE outbox_events SET LOGGED")
     wait_until(lambda: http_get(port, "/readyz")[0] == 200, timeout=15, message="ready once the table is logged")
     assert relay.stop() == 0
+
+
+def test_a_row_trigger_before_the_relays_marks_is_named_in_a_warning(db, relays, workdir):
+    """A BEFORE UPDATE row trigger that returns NULL swallows every mark (each event goes out again
+    at every claim) where nothing said why. It may also be an operator's benign one, so the relay
+    names it in a warning at connect and goes on; an AFTER trigger is no concern and is not named."""
+    with db.connect() as c:
+        c.execute("CREATE FUNCTION public.keep_pending() RETURNS trigger LANGUAGE plpgsql "
+                  "AS $f$ BEGIN RETURN NULL; END $f$")
+        c.execute("CREATE TRIGGER swallow_marks BEFORE UPDATE ON outbox_events FOR EACH ROW "
+                  "EXECUTE FUNCTION public.keep_pending()")
+        c.execute("CREATE FUNCTION public.audit_after() RETURNS trigger LANGUAGE plpgsql "
+                  "AS $f$ BEGIN RETURN NULL; END $f$")
+        c.execute("CREATE TRIGGER audit_after AFTER UPDATE ON outbox_events FOR EACH ROW "
+                  "EXECUTE FUNCTION public.audit_after()")
+    relay = relays(base_config(db, file_sink(workdir / "events.jsonl")))
+    warning = relay.wait_log("row triggers that run before the relay's marks")
+    assert warning["triggers"] == "swallow_marks", warning
+    assert warning["level"] == "warn"
+    assert relay.stop() == 0

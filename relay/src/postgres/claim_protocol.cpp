@@ -249,11 +249,25 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
     // again at every claim from the start), and an unlogged table loses its events in a crash.
     // Refused at each connect, loudly (the error in the log, /readyz 503), until they are gone.
     // Row-level security needs no look: the session's row_security = off makes it an error.
+    // A row trigger BEFORE UPDATE or DELETE may be an operator's benign one (an audit column), so
+    // it is named in a warning at each connect rather than refused: one that returns NULL, or sets
+    // processed_at back, makes the relay's marks do nothing, and each event goes out again at
+    // every claim (tgtype: 1 row, 2 before, 8 delete, 16 update; enabled as origin or always).
     const auto f = q.exec_params1(
         "SELECT (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(r.rulename), ', ' ORDER BY r.rulename) "
-        "          FROM pg_catalog.pg_rewrite AS r WHERE r.ev_class = c.oid), c.relpersistence = 'u' "
+        "          FROM pg_catalog.pg_rewrite AS r WHERE r.ev_class = c.oid), c.relpersistence = 'u', "
+        "       (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(t.tgname), ', ' ORDER BY t.tgname) "
+        "          FROM pg_catalog.pg_trigger AS t WHERE t.tgrelid = c.oid AND NOT t.tgisinternal "
+        "           AND t.tgenabled IN ('O', 'A') AND (t.tgtype & 3) = 3 AND (t.tgtype & 24) <> 0) "
         "  FROM pg_catalog.pg_class AS c WHERE c.oid = $1::pg_catalog.regclass",
         names.table);
+    if (!f[2].is_null()) {
+      log::warn(
+          "the outbox table has row triggers that run before the relay's marks and deletes: one that "
+          "returns NULL or sets processed_at back makes a mark do nothing, and that event is sent again at "
+          "every claim; make them leave the relay's updates alone (or AFTER triggers)",
+          {{"table", opt.table}, {"triggers", f[2].as<std::string>()}});
+    }
     if (!f[0].is_null()) {
       throw StoreUnavailable("table " + opt.table + " has rules (" + f[0].as<std::string>() +
                                  "), which rewrite the relay's statements (a rule ON UPDATE can swallow its marks, "
