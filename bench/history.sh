@@ -56,12 +56,15 @@ http: {enabled: false}
 sinks: [{name: out, type: file, path: /dev/null, fsync: false}]
 YAML
 
-pending() { psql_db "$1" -tAc "SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL"; }
+pending() {  # through the pending index's predicate (processed_at IS NULL alone would scan the table)
+  psql_db "$1" -tAc "SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL"
+}
 insert() {  # db count: writers' transactions of 1,000 events (keys k0..k999, ~140-byte payloads)
   local done=0
   while [ "$done" -lt "$2" ]; do
-    psql_db "$1" -c "INSERT INTO outbox_events (topic, aggregate_id, payload) SELECT 'order.paid', 'k' || (g % 1000),
-      jsonb_build_object('n', g, 'amount', g % 9973, 'note', repeat('x', 100)) FROM generate_series($done + 1, $done + 1000) g"
+    psql_db "$1" -c "INSERT INTO outbox_events (topic, aggregate_id, payload)
+      SELECT 'order.paid', 'k' || (g % 1000), jsonb_build_object('n', g, 'amount', g % 9973, 'note', repeat('x', 100))
+        FROM generate_series($done + 1, $done + 1000) g"
     done=$((done + 1000))
   done
 }
