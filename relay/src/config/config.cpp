@@ -168,22 +168,6 @@ std::string table_option(const std::string& value) {
 
 namespace {
 
-// Runs one step of parsing: with errors, an error of the step is kept and parsing goes on.
-template <class Fn>
-bool step(std::vector<std::string>* errors, Fn&& fn) {
-  if (errors == nullptr) {
-    fn();
-    return true;
-  }
-  try {
-    fn();
-    return true;
-  } catch (const ConfigError& e) {
-    errors->emplace_back(e.what());
-    return false;
-  }
-}
-
 RouteConfig parse_route(Section& s, const std::set<std::string>& names) {
   RouteConfig r;
   r.topics = s.string_list("topics");
@@ -214,16 +198,16 @@ Config parse_config(const std::string& yaml_text, const EnvLookup& env, const st
   }
   Section top(std::make_shared<YAML::Node>(root), "", env);
   Config c;
-  const bool database_read = step(errors, [&] {
+  const bool database_read = collect_errors(errors, [&] {
     if (auto s = top.section("database")) c.database = parse_database(*s);
   });
-  step(errors, [&] {
+  collect_errors(errors, [&] {
     if (auto s = top.section("relay")) c.relay = parse_relay(*s);
   });
-  step(errors, [&] {
+  collect_errors(errors, [&] {
     if (auto s = top.section("http")) c.http = parse_http(*s);
   });
-  step(errors, [&] {
+  collect_errors(errors, [&] {
     if (auto s = top.section("log")) {
       c.log_level = s->choice_or("level", c.log_level, {"debug", "info", "warn", "error"});
       s->finish();
@@ -231,18 +215,18 @@ Config parse_config(const std::string& yaml_text, const EnvLookup& env, const st
   });
   std::set<std::string> names;
   std::vector<Section> sinks, routes;
-  step(errors, [&] { sinks = top.section_list("sinks"); });
-  for (auto& s : sinks) step(errors, [&] { c.sinks.push_back(parse_sink(s, names, env)); });
-  step(errors, [&] { routes = top.section_list("routes"); });
-  for (auto& s : routes) step(errors, [&] { c.routes.push_back(parse_route(s, names)); });
-  step(errors, [&] { top.finish(); });
+  collect_errors(errors, [&] { sinks = top.section_list("sinks"); });
+  for (auto& s : sinks) collect_errors(errors, [&] { c.sinks.push_back(parse_sink(s, names, env)); });
+  collect_errors(errors, [&] { routes = top.section_list("routes"); });
+  for (auto& s : routes) collect_errors(errors, [&] { c.routes.push_back(parse_route(s, names)); });
+  collect_errors(errors, [&] { top.finish(); });
 
   if (!database_url_override.empty()) {
     c.database.url = database_url_override;
   } else if (c.database.url.empty()) {
     c.database.url = env("DATABASE_URL").value_or("");
   }
-  step(errors, [&] {
+  collect_errors(errors, [&] {
     if (c.database.url.empty() && database_read) {  // else the section's own error says why
       throw ConfigError(
           "database.url: required, but missing (set it in the file, pass --database-url or set DATABASE_URL)");
@@ -284,6 +268,7 @@ std::string with_line(const std::string& yaml_text, const std::string& message) 
           line = kv.first.Mark().line + 1;
           next.reset(kv.second);
           found = true;
+          break;
         }
       }
       if (!found) break;

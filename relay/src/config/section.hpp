@@ -35,6 +35,24 @@ EnvLookup process_env();
 // trimmed) in text. `key` names the value in errors.
 std::string interpolate(const std::string& text, const std::string& key, const EnvLookup& env);
 
+// Runs one step of reading a config. Without errors, as it is (a ConfigError escapes); with them, a
+// ConfigError of the step is kept there and false returned, so that the reading goes on (`config
+// check` lists every error of a file).
+template <class Fn>
+bool collect_errors(std::vector<std::string>* errors, Fn&& fn) {
+  if (errors == nullptr) {
+    fn();
+    return true;
+  }
+  try {
+    fn();
+    return true;
+  } catch (const ConfigError& e) {
+    errors->emplace_back(e.what());
+    return false;
+  }
+}
+
 class Section {
  public:
   Section(YamlNode node, std::string path, const EnvLookup& env);

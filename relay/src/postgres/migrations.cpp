@@ -45,10 +45,19 @@ class WarningCollector : public pqxx::errorhandler {
 
 }  // namespace
 
+namespace {
+
+// "schema"."name": the table as the rendered files and migrate's own statements name it.
+std::string qualified_table(const MigrationTarget& target) {
+  return quote_identifier(target.schema) + "." + quote_identifier(target.name);
+}
+
+}  // namespace
+
 std::string render_migration(const std::string& sql, const MigrationTarget& target, const std::string& channel) {
   std::string out = sql;
   const std::string schema = quote_identifier(target.schema);
-  replace_all(out, "{{table}}", schema + "." + quote_identifier(target.name));
+  replace_all(out, "{{table}}", qualified_table(target));
   replace_all(out, "{{name}}", target.name);
   replace_all(out, "{{fn}}", quote_identifier(target.function_schema) + "." + function_prefix(target.name));
   replace_all(out, "{{prefix}}", function_prefix(target.name));
@@ -63,17 +72,6 @@ std::string render_migration(const std::string& sql, const MigrationTarget& targ
   replace_all(out, "{{statement_ns}}", std::to_string(marks.statements));
   return out;
 }
-
-namespace {
-
-// The names a table migrated before may be recorded under, besides the one configured: qualified,
-// and bare in public.
-std::pair<std::string, std::string> other_recorded_names(const MigrationTarget& target) {
-  return {target.schema + "." + target.name,
-          target.schema == "public" ? target.name : target.schema + "." + target.name};
-}
-
-}  // namespace
 
 MigrateResult migrate(const std::string& url, const std::string& table, const std::string& channel,
                       const std::string& roles, int to_version) {
@@ -108,21 +106,21 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
       // The seed of the namespaces the files were rendered with (null: a release before this one
       // seeded them with the table as configured, and its recorded name is that).
       tx.exec0("ALTER TABLE " + records + " ADD COLUMN IF NOT EXISTS lock_key text");
+      // Recorded as configured then, or as schema.name, or (in public) as the bare name.
       const auto done = tx.exec_params(
           "SELECT coalesce(max(version), 0), (array_agg(lock_key ORDER BY version DESC))[1], "
           "(array_agg(table_name ORDER BY version DESC))[1] FROM " +
               records + " WHERE table_name IN ($1, $2, $3)",
-          table, other_recorded_names(target).first, other_recorded_names(target).second);
+          table, target.schema + "." + target.name, target.lock_key);
       result.current_version = done[0][0].as<int>();
       if (result.current_version > 0) {
         target.lock_key = done[0][1].is_null() ? done[0][2].as<std::string>() : done[0][1].as<std::string>();
       }
       // The functions the migrations would make (or replace) serve another table: nothing is done.
-      const std::string table_sql = quote_identifier(target.schema) + "." + quote_identifier(target.name);
       if (auto other = functions_of_another_table(
               tx,
               quote_identifier(target.function_schema) + "." + function_prefix(table) + "_claim" + kClaimFunctionArgs,
-              table_sql)) {
+              qualified_table(target))) {
         throw std::runtime_error("migrate refused: " + *other);
       }
       for (const auto& m : embedded_migrations()) {

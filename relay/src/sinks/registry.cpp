@@ -61,15 +61,7 @@ std::vector<PreparedSink> prepare_sinks(const config::Config& config, const std:
                                         std::vector<std::string>* errors) {
   std::vector<PreparedSink> prepared;
   for (const auto& entry : config.sinks) {
-    if (errors == nullptr) {
-      prepared.push_back(prepare_sink(entry, default_cloudevents_source));
-      continue;
-    }
-    try {
-      prepared.push_back(prepare_sink(entry, default_cloudevents_source));
-    } catch (const config::ConfigError& e) {
-      errors->emplace_back(e.what());
-    }
+    config::collect_errors(errors, [&] { prepared.push_back(prepare_sink(entry, default_cloudevents_source)); });
   }
   return prepared;
 }
