@@ -351,11 +351,14 @@ def window(a: Snapshot, b: Snapshot, relay_children_cpu: float = 0.0) -> dict:
 # pgbench
 
 def pgbench(env: dict, script: Path, clients: int, jobs: int, seconds: float, rate: float | None = None,
-            timeout: float | None = None, popen=False, log_prefix: Path | None = None, extra=()):
+            timeout: float | None = None, popen=False, log_prefix: Path | None = None, extra=(),
+            transactions: int | None = None, mode: str = "prepared"):
     """log_prefix: per-transaction log (-l), read back by txn_log_summary(); extra: more pgbench
-    options (e.g. --sampling-rate=0.1 with log_prefix)."""
-    cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(jobs, clients)),
-           "-T", str(int(math.ceil(seconds))), "-f", str(script)]
+    options (e.g. --sampling-rate=0.1 with log_prefix); transactions: that many per client (-t)
+    instead of `seconds`; mode: pgbench's query mode (-M: prepared, extended or simple)."""
+    length = ["-t", str(transactions)] if transactions else ["-T", str(int(math.ceil(seconds)))]
+    cmd = ["pgbench", "-n", "-M", mode, "-c", str(clients), "-j", str(min(jobs, clients)), *length,
+           "-f", str(script)]
     if rate:
         cmd += ["-R", str(rate)]
     if log_prefix:

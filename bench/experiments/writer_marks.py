@@ -2,6 +2,7 @@
 
     bench/cost-run.sh experiments/writer_marks [--rounds 4 --seconds 8 --clients 32 --relay-bin B]
     bench/cost-run.sh experiments/writer_marks --one-backend 30000 --rounds 10 --tables plain,both,lanetype
+    bench/cost-run.sh experiments/writer_marks --one-client 20000 --rounds 10 --tables plain,lanetype,first
 
 Five tables of one database, each migrated or built from outbox_events as the binary under test
 migrates it, measured side by side with pgbench (-n -M prepared, single-row INSERT transactions,
@@ -22,6 +23,10 @@ unpaced), the order rotating each round; TRUNCATE + CHECKPOINT before every poin
            puts it: a domain over smallint whose check takes the lane's shared advisory lock
   burn     plain, plus a CHECK that burns ~45 us of CPU per row (md5 of 16.5 kB; a calibration:
            what a known cost does to the ratio)
+  first    lanetype, with the statement mark skipped by a statement that began within 100 us of
+           its transaction (statement_timestamp() - transaction_timestamp()), so that an
+           autocommit single-row INSERT takes the lane mark only: an idea measured and dropped
+           (bench/RESULTS.md, "A first statement without a statement mark")
   plain2   a second plain table (with --side-by-side: the noise of the pairing itself)
 (--tables picks some of them. --side-by-side: instead of one table at a time, each table runs at
 the same time as plain, half the clients each, so both see the same machine; the figure is the
@@ -29,7 +34,12 @@ median of the per-round ratios of their commits/s.)
 Prints median commits/s and Postgres CPU per transaction, and the ratio to plain.
 (--one-backend N: no pgbench; one session per table calls a procedure that inserts N single-row
 transactions, one COMMIT each, with synchronous_commit off: the server's own time per transaction,
-without the client, the network or the WAL flush. Prints the median and minimum per table.)
+without the client, the network or the WAL flush. Prints the median and minimum per table. Blind to
+`first`: inside a procedure, a transaction begun by COMMIT starts later than the CALL statement, so
+no INSERT there is its transaction's first.
+--one-client N: pgbench with one client, N autocommit single-row INSERT transactions per round
+(-M prepared, or --mode), synchronous_commit off: Postgres CPU per transaction, median and minimum
+per table.)
 The tables are built from schema 8's outbox_events (migrate --to-version 8), whose marks are a
 CHECK and the id's default.
 """
@@ -45,7 +55,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pgcost as pc  # noqa: E402
 
-TABLES = ["plain", "plain2", "check", "default", "both", "seqlock", "lanefp", "stmtfp", "bothfp", "burn", "lanetype"]
+TABLES = ["plain", "plain2", "check", "default", "both", "seqlock", "lanefp", "stmtfp", "bothfp", "burn", "lanetype",
+          "first"]
 
 
 def table_of(t: str) -> str:
@@ -98,6 +109,10 @@ def setup(db: pc.Db, relay_bin: str, work: Path) -> dict:
             "ALTER TABLE m_lanetype ALTER COLUMN lane TYPE m_lanetype_lane",
             f"ALTER DOMAIN m_lanetype_lane ADD CONSTRAINT m_lanetype_lane_mark "
             f"CHECK (pg_try_advisory_xact_lock_shared({lane_ns}, VALUE)) NOT VALID")
+    first = mark.replace("outbox_events_id_seq", "m_first_id_seq").replace(
+        "CASE WHEN ", "CASE WHEN statement_timestamp() - transaction_timestamp() <= interval '100 microseconds' OR ", 1)
+    db.psql("CREATE SEQUENCE m_first_id_seq", "ALTER TABLE m_first ALTER COLUMN id SET DEFAULT " + first,
+            "ALTER TABLE m_first ALTER COLUMN lane TYPE m_lanetype_lane")
     scripts = {t: pc.insert_script(work / f"insert-{t}.sql", table_of(t))
                for t in TABLES}
     return {"statement_mark": mark, "lane_mark": check, "scripts": {t: str(p) for t, p in scripts.items()}}
@@ -131,6 +146,33 @@ def one_backend(db, tables, a):
         extra = f"{med - base:+.1f} us" if base is not None else "-"
         print(f"| {t} | {med:.1f} | {min(us[t]):.1f} | {extra} |")
     Path(a.out).write_text(json.dumps({"one_backend_us": us, "args": vars(a)}, indent=1))
+
+
+def one_client(db, info, tables, a):
+    """Each table's autocommit single-row INSERT from one pgbench client (-M a.mode),
+    synchronous_commit off: Postgres CPU per transaction, median and min of rounds."""
+    env = dict(db.env, PGOPTIONS="-c synchronous_commit=off")
+    us = {t: [] for t in tables}
+    for r in range(a.rounds):
+        for t in tables[r % len(tables):] + tables[:r % len(tables)]:
+            db.psql(f"TRUNCATE {table_of(t)}", "CHECKPOINT")
+            s0 = pc.Snapshot(db.postmaster)
+            res = pc.pgbench(env, Path(info["scripts"][t]), 1, 1, 0, timeout=600, transactions=a.one_client, mode=a.mode)
+            time.sleep(0.1)  # the backend exits; its CPU moves to the postmaster's children
+            cpu = pc.window(s0, pc.Snapshot(db.postmaster))["postgres_cpu_seconds"]
+            if res["exit_code"] != 0 or res["processed"] != a.one_client:
+                raise SystemExit(f"pgbench failed on {t}: {res}")
+            us[t].append(cpu / a.one_client * 1e6)
+            pc.log("marks", f"round {r + 1} {t}: {us[t][-1]:.1f} us Postgres CPU per transaction, one client")
+    print(f"\nOne client (-M {a.mode}), {a.one_client} autocommit single-row INSERT transactions per round, "
+          f"synchronous_commit off, {a.rounds} rounds\n")
+    print("| table | Postgres CPU per transaction (median) | min | median over plain |\n| --- | ---: | ---: | ---: |")
+    base = statistics.median(us["plain"]) if "plain" in us else None
+    for t in tables:
+        med = statistics.median(us[t])
+        extra = f"{med - base:+.1f} us" if base is not None else "-"
+        print(f"| {t} | {med:.1f} | {min(us[t]):.1f} | {extra} |")
+    Path(a.out).write_text(json.dumps({"one_client_us": us, "args": vars(a)}, indent=1))
 
 
 def side_by_side(db, info, tables, truncate, a):
@@ -168,6 +210,10 @@ def main():
     ap.add_argument("--side-by-side", action="store_true")
     ap.add_argument("--one-backend", type=int, default=0, metavar="N",
                     help="N single-row transactions per round on one backend, from a procedure, instead of pgbench")
+    ap.add_argument("--one-client", type=int, default=0, metavar="N",
+                    help="N autocommit single-row transactions per round from one pgbench client, instead of 32")
+    ap.add_argument("--mode", default="prepared", choices=["prepared", "extended", "simple"],
+                    help="pgbench's query mode for --one-client")
     a = ap.parse_args()
     pc.terminate_on_signals()
     db = pc.Db(pc.bench_database_url(), a.pg_dir)
@@ -176,6 +222,8 @@ def main():
     truncate = "TRUNCATE " + ", ".join(table_of(t) for t in TABLES) + " RESTART IDENTITY"
     if a.one_backend:
         return one_backend(db, tables, a)
+    if a.one_client:
+        return one_client(db, info, tables, a)
     if a.side_by_side:
         return side_by_side(db, info, tables, truncate, a)
     points = {t: [] for t in tables}

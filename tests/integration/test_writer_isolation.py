@@ -265,16 +265,23 @@ def test_c_one_statement_inserting_200000_events_beside_the_stream(db, relays, w
     assert relay.stop() == 0
 
 
-def race(db, relays, workdir, trust_marks_alone):
+# The slow writer's statement: the first of its transaction (autocommit), or a later one (BEGIN
+# sent first). Both take the statement mark before they draw.
+FIRST, LATER = "first statement", "later statement"
+
+
+def race(db, relays, workdir, reading, statement=FIRST):
     """A writer stopped after its id is drawn and before its lane mark is taken: the id's default
     draws the id, then the payload's subquery sleeps 3 s, then the lane's type (schema 9; a CHECK
     before) marks the lane.
-    Meanwhile a later event of the same key commits."""
+    Meanwhile a later event of the same key commits. `reading`: "exact" (the schema's), or "marks
+    alone" (every writer complete)."""
     out = workdir / "events.jsonl"
-    if trust_marks_alone:
-        # What a relay that trusts the lane marks alone would see: every writer complete. (Named
-        # schema-qualified: the relay's sessions run with search_path = pg_catalog, pg_temp.)
-        with db.connect() as conn:
+    with db.connect() as conn:
+        if reading == "marks alone":
+            # What a relay that trusts the lane marks alone would see: every writer complete.
+            # (Named schema-qualified: the relay's sessions run with search_path = pg_catalog,
+            # pg_temp.)
             conn.execute("ALTER FUNCTION outbox_writers() RENAME TO outbox_writers_exact")
             conn.execute("CREATE FUNCTION outbox_writers() RETURNS TABLE (last_id bigint, vxid text, pid integer, "
                          "complete boolean, lanes bigint, state text, xact_age_seconds double precision, "
@@ -288,12 +295,16 @@ def race(db, relays, workdir, trust_marks_alone):
     relay.wait_log("ordering lanes rebalanced")
     before = time.monotonic()
     result = {}
+    insert = ("INSERT INTO outbox_events (topic, aggregate_id, payload) "
+              "VALUES ('order.paid', 'K', (SELECT '{\"n\": 1}'::jsonb FROM pg_sleep(3))) RETURNING id")
 
     def slow():
         with psycopg.connect(db.url, autocommit=True) as conn:
-            result["early"] = conn.execute(
-                "INSERT INTO outbox_events (topic, aggregate_id, payload) "
-                "VALUES ('order.paid', 'K', (SELECT '{\"n\": 1}'::jsonb FROM pg_sleep(3))) RETURNING id").fetchone()[0]
+            if statement == LATER:
+                conn.execute("BEGIN")
+            result["early"] = conn.execute(insert).fetchone()[0]
+            if statement == LATER:
+                conn.execute("COMMIT")
 
     t = threading.Thread(target=slow)
     t.start()
@@ -314,16 +325,18 @@ def read_ids(path):
     return [json.loads(l)["id"] for l in path.read_text().splitlines()]
 
 
-def test_race_an_id_drawn_before_its_lane_mark_holds_every_lane(db, relays, workdir):
-    early, late, ids = race(db, relays, workdir, trust_marks_alone=False)
+@pytest.mark.parametrize("statement", [FIRST, LATER])
+def test_race_an_id_drawn_before_its_lane_mark_holds_every_lane(db, relays, workdir, statement):
+    early, late, ids = race(db, relays, workdir, "exact", statement)
     assert early < late
     assert ids.index(early) < ids.index(late)
 
 
-def test_race_fails_when_the_lane_marks_are_trusted_alone(db, relays, workdir):
+@pytest.mark.parametrize("statement", [FIRST, LATER])
+def test_race_fails_when_the_lane_marks_are_trusted_alone(db, relays, workdir, statement):
     """The same race with a reading that calls every writer complete: the later event of the key
     goes out first. This shows that the test above can fail."""
-    early, late, ids = race(db, relays, workdir, trust_marks_alone=True)
+    early, late, ids = race(db, relays, workdir, "marks alone", statement)
     assert early < late
     assert ids.index(late) < ids.index(early)
 
