@@ -2,11 +2,14 @@
 # A drain beside a long history (issue 45, part 2): does a claim slow down when the table keeps
 # millions of processed rows (mark mode, the default)?
 #   bench/history.sh [--relay-bin BIN] [--history 3000000] [--backlog 100000] [--rounds 3]
-#                    [--big-backlog 1000000] [--shared-buffers 128MB]
+#                    [--big-backlog 1000000] [--shared-buffers 128MB] [--no-settle]
 # What: one throwaway PostgreSQL 15 cluster (fsync on, shared_buffers as given), two databases
 # migrated by the binary under test: `empty` and `hist`. hist's history is made the way a real
 # one is: events inserted by writers (transactions of 1,000 rows) and drained by `outbox-relay run`
-# (its own marks set processed_at), --history of them; then autovacuum is left to do what it does.
+# (its own marks set processed_at), --history of them; then autovacuum is left to do what it does:
+# the rounds start once it has cleared the history's dead row versions (n_dead_tup below 5 % of
+# --history, as in a table whose history grew over days), or at once with --no-settle (the
+# vacuum debt of 3 million marks made a minute before, measured in the first run).
 # Each round drains a backlog of --backlog events in each database, alternating (empty first in odd
 # rounds, hist first in even ones): the backlog is committed while no relay runs (transactions of
 # 1,000 rows), then the relay starts; the time is from its "ordering lanes rebalanced" log line to
@@ -20,7 +23,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 relay_bin=$here/build/bin/outbox-relay
-history=3000000 backlog=100000 rounds=3 big=1000000 shared_buffers=128MB
+history=3000000 backlog=100000 rounds=3 big=1000000 shared_buffers=128MB settle=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --relay-bin) relay_bin=$2; shift 2 ;;
@@ -29,6 +32,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --big-backlog) big=$2; shift 2 ;;
     --shared-buffers) shared_buffers=$2; shift 2 ;;
+    --no-settle) settle=0; shift ;;
     *) echo "bench/history.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -86,6 +90,16 @@ drain() {  # db label: prints "label db seconds events/s dead_tuples"
 echo "history: $history events into hist, drained by the relay ($(date +%H:%M:%S))" >&2
 insert hist "$history"
 drain hist history > /dev/null
+dead_tuples() { psql_db "$1" -tAc "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'outbox_events'"; }
+if [ "$settle" = 1 ]; then
+  settled=$(date +%s)
+  echo "waiting for autovacuum to clear the history's dead row versions ($(dead_tuples hist) now)" >&2
+  while [ "$(dead_tuples hist)" -gt $((history / 20)) ]; do
+    [ $(($(date +%s) - settled)) -gt 900 ] && { echo "autovacuum did not settle within 15 minutes" >&2; exit 1; }
+    sleep 5
+  done
+  echo "autovacuum settled after $(($(date +%s) - settled)) s: $(dead_tuples hist) dead row versions" >&2
+fi
 echo "rounds: $rounds x $backlog events per database, alternating ($(date +%H:%M:%S))" >&2
 results=$work/results
 for r in $(seq 1 "$rounds"); do
