@@ -101,6 +101,12 @@ class RelayLoop {
 
   const LoopOptions& options() const { return options_; }
 
+  // A reload (app/reload.hpp): the sinks, router and options of the drains from now on. Call on
+  // the loop's thread between drains only (nothing in flight: drain() returned), never during
+  // one. The old sinks and router are not used after this returns. Outcomes not yet written are
+  // kept: they name events by id, and the sinks done by name.
+  void reconfigure(std::vector<Sink*> sinks, const Router& router, LoopOptions options);
+
  private:
   struct Batch;
 
@@ -126,7 +132,7 @@ class RelayLoop {
 
   Store& store_;
   std::vector<Sink*> sinks_;
-  const Router& router_;
+  const Router* router_;  // never null; replaced by reconfigure()
   const Clock& clock_;
   Metrics& metrics_;
   LoopOptions options_;
