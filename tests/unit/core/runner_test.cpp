@@ -641,3 +641,50 @@ TEST_CASE("reconnect_delay: exponential for transient and other, the cap at once
     CHECK(reconnect_delay(p, 1, kind, 1.0) == milliseconds(30'000));
   }
 }
+
+namespace {
+
+// Records what it was sent; may run a hook before it answers (a reload posted from another thread
+// while its batch is in flight).
+class RecordingSink final : public NamedSink {
+ public:
+  explicit RecordingSink(std::string name) : NamedSink(std::move(name)) {}
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    for (const Event* e : events) ids.push_back(e->id);
+    if (on_publish) std::exchange(on_publish, nullptr)();
+    return std::vector<Outcome>(events.size(), Outcome::delivered());
+  }
+  std::vector<EventId> ids;
+  std::function<void()> on_publish;
+};
+
+}  // namespace
+
+TEST_CASE("runner: a reconfiguration posted while a batch is in flight is taken after the drain, not during it") {
+  Fixture f;
+  f.options.sweep_interval = milliseconds(10'000);
+  f.waiter.stop_at = at(25'000);
+  RecordingSink old_sink("old"), new_sink("new");
+  const Router router{{}, 1};
+  RelayLoop loop{f.store,           {&old_sink}, router, f.clock, f.metrics, outbox::testing::loop_options(2, 5, {}),
+                 [] { return 0.0; }};
+  Runner runner(loop, f.store, f.waiter, f.clock, f.metrics, f.health, f.options, [] { return 0.0; });
+  // The catch-up's drain claims 1 and 2 (a full batch), then 3 while 1 and 2 are in flight; the
+  // first poll finds nothing, the second finds 4.
+  f.store.batches = {{event(1), event(2)}, {event(3)}, {}, {event(4)}};
+  RunnerOptions slower = f.options;
+  slower.sweep_interval = milliseconds(20'000);
+  old_sink.on_publish = [&] {
+    runner.post({{&new_sink}, &router, outbox::testing::loop_options(7, 5, {}), slower});
+    CHECK(runner.reconfiguration_pending());
+  };
+  runner.run();
+  CHECK_FALSE(runner.reconfiguration_pending());
+  CHECK(old_sink.ids == std::vector<EventId>{1, 2, 3});  // the whole drain in flight went to the old sink
+  CHECK(new_sink.ids == std::vector<EventId>{4});
+  CHECK(loop.options().batch_size == 7);
+  CHECK(f.store.probes.at(1) == at(10));
+  // The sweep at 10 s (set before the reload, and no later than the new interval says), then 20 s
+  // apart: none more before 25 s.
+  CHECK(ms_list(f.store.claims) == std::vector<long long>{0, 0, 10'000});
+}
