@@ -1,7 +1,7 @@
 #pragma once
 // Reload without a restart: SIGHUP (and `outbox-relay reload`, a NOTIFY that the LISTEN session
 // turns into a SIGHUP) re-reads the config file. The main thread reads and checks the file and
-// builds the new sinks; the runner takes the new sinks, router and options between two drains
+// builds the new sinks; the runner takes the new sinks, router and options between two batches
 // (core/runner.hpp, Runner::post), when nothing is in flight; then the main thread hands the sinks
 // to /readyz and the metrics, flushes and drops the sinks that were removed or replaced, and logs
 // `config reloaded`. A sink whose entry did not change keeps its object (connection, producer).

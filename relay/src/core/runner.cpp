@@ -102,9 +102,12 @@ std::size_t Runner::drain(bool probe) {
   DrainControl control;
   control.probe = probe;
   control.stop = [this] { return waiter_.stopped(); };
-  // Between batches, so a long backlog does not keep lanes from new peers.
-  control.pause_due = [this] { return clock_.now() >= next_rebalance_; };
-  control.pause = [this] { maybe_rebalance(); };
+  // Between batches, so a long backlog does not keep lanes from new peers, nor a reload waiting.
+  control.pause_due = [this] { return clock_.now() >= next_rebalance_ || reconfiguration_pending(); };
+  control.pause = [this] {
+    take_reconfiguration();
+    maybe_rebalance();
+  };
   const BatchResult r = loop_.drain(control);
   if (r.retried + r.dead_lettered > 0) {
     log::debug("drain done", {{"claimed", r.claimed},

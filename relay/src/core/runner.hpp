@@ -47,7 +47,7 @@ struct RunnerOptions {
 };
 
 // A reloaded config's part of the loop and the runner (app/reload.hpp): posted from another
-// thread, taken by the runner between drains.
+// thread, taken by the runner at a safe point (Runner::post).
 struct Reconfiguration {
   std::vector<Sink*> sinks;
   const Router* router = nullptr;  // never null when posted
@@ -67,7 +67,8 @@ class Runner {
   void run();
 
   // Thread-safe. Hands a reconfiguration to the loop thread, which takes it at its next safe
-  // point: between drains (nothing in flight, every sink's acks in), or before it connects. The
+  // point (nothing in flight, every sink's acks in and their outcomes written): between drains,
+  // between two batches of a long drain (DrainControl::pause), or before it connects. The
   // sinks and the router must stay alive until reconfiguration_pending() is false, and the ones
   // they replace until then too. Ring the waiter afterwards so that an idle loop takes it at once.
   // One at a time: post again only once the last one was taken.
