@@ -193,3 +193,25 @@ def test_reloads_during_a_steady_stream_lose_and_duplicate_nothing(db, relays, w
     assert len(side_ids) == len(set(side_ids))  # added and removed three times: never twice
     assert metric(metrics(port), RELOADS_OK) == 6
     assert relay.stop() == 0
+
+
+def test_a_changed_sink_is_rebuilt_and_takes_the_events_from_the_reload_on(db, relays, workdir):
+    port = free_port()
+    first, second = workdir / "first.jsonl", workdir / "second.jsonl"
+    sink = {"name": "audit", "type": "file", "path": str(first)}
+    relay, config = start(db, relays, workdir, port, [sink])
+    topic = unique("order")
+    before = insert(db, topic, 30)
+    wait_until(lambda: len(ids_in(first)) == 30)
+    config["sinks"] = [{**sink, "path": str(second)}]  # the same name, another entry: a new sink
+    rewrite(relay, config)
+    relay.proc.send_signal(signal.SIGHUP)
+    line = relay.wait_log("^config reloaded$")
+    assert line["sinks_rebuilt"] == ["audit"] and line["sinks_kept"] == [] and line["sinks_added"] == []
+    after = insert(db, topic, 30)
+    wait_until(lambda: len(ids_in(second)) >= 30)
+    time.sleep(0.3)
+    assert_once_in_key_order(read_jsonl(first), before)
+    assert_once_in_key_order(read_jsonl(second), after)
+    assert metric(metrics(port), 'outbox_relay_events_published_total{sink="audit"}') == 60  # one series
+    assert relay.stop() == 0
