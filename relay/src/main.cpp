@@ -243,6 +243,7 @@ struct Commands {
   CLI::App* replay = nullptr;
   CLI::App* config = nullptr;
   CLI::App* config_check = nullptr;
+  CLI::App* reload = nullptr;
   CLI::Option* to_id = nullptr;  // replay --to-id, given or not
 };
 
@@ -259,7 +260,7 @@ Commands define_commands(CLI::App& app, Options& o) {
   app.add_option("--log-level", o.log_level, "debug | info | warn | error")
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
 
-  c.run = app.add_subcommand("run", "Run the relay until SIGTERM/SIGINT");
+  c.run = app.add_subcommand("run", "Run the relay until SIGTERM/SIGINT (SIGHUP reloads the config file)");
   c.migrate = app.add_subcommand("migrate", "Create or upgrade the outbox schema (idempotent)");
   c.migrate->add_option("--to-version", o.to_version, "stop after this schema version (default: the newest)")
       ->check(CLI::PositiveNumber);
@@ -302,8 +303,12 @@ Commands define_commands(CLI::App& app, Options& o) {
       "check", "Parse and validate --config (and the environment it refers to); print every error with its line");
   c.config_check->add_flag("--print", o.print, "print the effective config, defaults filled in, secrets masked");
 
+  c.reload = app.add_subcommand(
+      "reload",
+      "Ask the running relays to re-read their config files (NOTIFY on database.channel; the same as SIGHUP)");
+
   for (auto* sub : {c.run, c.migrate, c.status, c.failed, c.failed_list, c.failed_retry, c.failed_purge, c.replay,
-                    c.config, c.config_check}) {
+                    c.config, c.config_check, c.reload}) {
     sub->fallthrough();
   }
   return c;
@@ -361,7 +366,13 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (*c.run) return outbox::app::run_relay(config);
+    if (*c.run) return outbox::app::run_relay(config, {o.config_path, o.database_url, o.table, o.log_level});
+    if (*c.reload) {
+      outbox::pg::request_reload(config.database.url, config.database.table, config.database.channel);
+      std::printf("reload requested: NOTIFY %s, 'reload' (every relay listening on it re-reads its config file)\n",
+                  config.database.channel.c_str());
+      return 0;
+    }
     if (*c.migrate) {
       const auto result = outbox::pg::migrate(config.database.url, config.database.table, config.database.channel,
                                               config.database.roles, o.to_version);

@@ -163,14 +163,18 @@ def test_1_metrics_after_known_workload(db, relays, workdir):
     version = run_cli("--version").stdout.split()[-1]
     assert m.value("outbox_relay_build_info", version=version) == 1
     wakeups = m.series("outbox_relay_wakeups_total")
-    assert {dict(labels)["source"] for labels in wakeups} == {"notify", "poll", "sweep", "retry", "startup", "watch"}
+    assert {dict(labels)["source"] for labels in wakeups} == {"notify", "poll", "sweep", "retry", "startup", "watch",
+                                                                     "reload"}
     # Writers ring no bell (schema 2): the relay found the events by polling.
     assert m.value("outbox_relay_wakeups_total", source="poll") >= 1
     assert m.value("outbox_relay_wakeups_total", source="notify") == 0
     # Every metric has the prefix, and labels stay bounded: no key, no event id.
     assert all(name.startswith("outbox_relay_") for name in m.families)
     label_names = {k for (_, labels) in m.samples for k, _ in labels}
-    assert label_names <= {"sink", "source", "version", "le", "class"}
+    assert label_names <= {"sink", "source", "version", "le", "class", "result"}
+    # Reloads of the config file (test_reload.py): both results exposed from the start.
+    assert m.value("outbox_relay_config_reloads_total", result="ok") == 0
+    assert m.value("outbox_relay_config_reloads_total", result="error") == 0
     assert not [labels for (_, labels) in m.samples if any("key-" in v for _, v in labels)]
     # And what the metrics claim is what the sink got.
     assert sorted(ids_in(out)) == [r[0] for r in db.query(

@@ -44,6 +44,7 @@ std::vector<std::string> sink_names(const std::vector<Sink*>& sinks) {
 
 struct Ops::Impl {
   const config::Config& config;
+  std::mutex sinks_mutex;  // held while readiness() reads the sinks: set_sinks() waits for it
   std::vector<const Sink*> sinks;
   Health& health;
   const Bell& bell;
@@ -72,7 +73,9 @@ struct Ops::Impl {
   }
 
   http::Readiness readiness() {
+    std::unique_lock lock(sinks_mutex);
     auto r = http::evaluate_readiness(health, sinks, bell.stopped());
+    lock.unlock();
     metrics.ready(r.ready);
     return r;
   }
@@ -193,6 +196,15 @@ Ops::Ops(const config::Config& config, const std::vector<Sink*>& sinks, Health& 
 Ops::~Ops() { stop(); }
 
 Metrics& Ops::metrics() { return impl_->metrics; }
+
+void Ops::set_sinks(const std::vector<Sink*>& sinks) {
+  auto& im = *impl_;
+  im.metrics.add_sinks(sink_names(sinks));
+  std::lock_guard lock(im.sinks_mutex);
+  im.sinks.assign(sinks.begin(), sinks.end());
+}
+
+void Ops::config_reloaded(bool ok) { impl_->metrics.config_reload(ok); }
 
 void Ops::start(std::function<int()> lanes_owned) {
   auto& im = *impl_;

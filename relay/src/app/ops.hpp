@@ -27,6 +27,12 @@ class Ops {
   // The loop's metrics: Prometheus, also when HTTP is off (cheap, and retention counts there).
   Metrics& metrics();
 
+  // A reload's sinks (thread-safe): /readyz looks at these from now on, and the new ones get
+  // their metric series at 0. Once this returns, no thread of Ops uses the sinks it replaced.
+  void set_sinks(const std::vector<Sink*>& sinks);
+  // Counts a reload of the config file: applied (ok) or refused (invalid).
+  void config_reloaded(bool ok);
+
   // Starts serving and the timers. lanes_owned is read by the gauge timer (any thread).
   void start(std::function<int()> lanes_owned);
   // Stops the timers (a retention pass stops between batches) and the HTTP server; joins.

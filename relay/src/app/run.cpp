@@ -11,6 +11,7 @@
 
 #include "app/ops.hpp"
 #include "app/options.hpp"
+#include "app/reload.hpp"
 #include "core/bell.hpp"
 #include "core/health.hpp"
 #include "core/loop.hpp"
@@ -64,42 +65,32 @@ void register_secrets(const config::Config& config) {
 
 namespace {
 
-// Blocks SIGTERM and SIGINT (every thread started later inherits the mask) and ignores SIGPIPE.
-// Stop signals are taken by sigtimedwait on this thread only, never by a handler.
-sigset_t block_stop_signals() {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+// Blocks SIGTERM, SIGINT and SIGHUP (every thread started later inherits the mask) and ignores
+// SIGPIPE. They are taken by sigtimedwait on this thread only, never by a handler.
+sigset_t block_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  return stop_signals;
+  return signals;
 }
 
-// The config's routes, with sink names turned into indexes of config.sinks.
-Router make_router(const config::Config& config) {
-  std::vector<Route> routes;
-  for (const auto& r : config.routes) {
-    Route route{r.topics, {}};
-    for (const auto& name : r.sinks) {
-      for (std::size_t i = 0; i < config.sinks.size(); ++i) {
-        if (config.sinks[i].name == name) route.sinks.push_back(i);
-      }
-    }
-    routes.push_back(std::move(route));
-  }
-  return Router(std::move(routes), config.sinks.size());
-}
-
-// Returns once the bell is stopped: by SIGTERM or SIGINT, logged, or by anything else.
-void wait_for_stop(Bell& bell, const sigset_t& stop_signals, const config::Config& config) {
-  timespec tick{1, 0};  // only a signal stops the bell today; the tick is a backstop
+// Returns once the bell is stopped: by SIGTERM or SIGINT, logged, or by anything else. SIGHUP
+// reloads the config (app/reload.hpp), here on this thread.
+void wait_for_stop(Bell& bell, const sigset_t& signals, Reloader& reloader) {
+  const timespec tick{1, 0};                  // only a signal stops the bell today; the tick is a backstop
+  const timespec reload_tick{0, 20'000'000};  // while a reload waits for the loop to take it
   while (!bell.stopped()) {
-    const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
-    if (sig == SIGTERM || sig == SIGINT) {
-      log::info(
-          "stop signal received, finishing the batch in flight",
-          {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}, {"timeout_ms", config.relay.shutdown_timeout.count()}});
+    const int sig = sigtimedwait(&signals, nullptr, reloader.poll() ? &reload_tick : &tick);
+    if (sig == SIGHUP) {
+      reloader.request();
+    } else if (sig == SIGTERM || sig == SIGINT) {
+      log::info("stop signal received, finishing the batch in flight",
+                {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
+                 {"timeout_ms", reloader.current().config.relay.shutdown_timeout.count()}});
       bell.stop();
     }
   }
@@ -107,8 +98,8 @@ void wait_for_stop(Bell& bell, const sigset_t& stop_signals, const config::Confi
 
 }  // namespace
 
-int run_relay(const config::Config& config) {
-  const sigset_t stop_signals = block_stop_signals();
+int run_relay(const config::Config& config, const ConfigSource& source) {
+  const sigset_t signals = block_signals();
 
   const auto prepared = prepare_sinks(config);  // ConfigError naming the key: exit 2
   const std::string instance_id = config.relay.instance_id.empty() ? default_instance_id() : config.relay.instance_id;
@@ -116,28 +107,24 @@ int run_relay(const config::Config& config) {
   described["sinks"] = sinks::describe(prepared);
   log::info("starting outbox-relay", {{"version", kVersion}, {"instance_id", instance_id}, {"config", described}});
 
-  std::vector<std::unique_ptr<Sink>> owned_sinks;
-  std::vector<Sink*> sinks;
-  for (const auto& s : prepared) {
-    owned_sinks.push_back(s.spec->make(s.name));
-    sinks.push_back(owned_sinks.back().get());
-  }
-  const Router router = make_router(config);
+  // The sinks and router: replaced by reloads (the reloader owns them from its construction on).
+  SinkGeneration first = first_generation(config, prepared);
 
   Bell bell;
   Health health;
   // Declared before ops, whose threads read it, so that it outlives them.
   const pg::PgStoreOptions store_settings = store_options(config, instance_id, &health);
   pg::PgStore store(store_settings);
-  Ops ops(config, sinks, health, bell);  // binds http.listen: ConfigError (exit 2) if it cannot
+  Ops ops(config, first.sinks, health, bell);  // binds http.listen: ConfigError (exit 2) if it cannot
   Metrics& metrics = ops.metrics();
   SystemClock clock;
   std::mt19937_64 rng{std::random_device{}()};
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   auto jitter = [&] { return uniform(rng); };  // loop thread only
 
-  RelayLoop loop(store, sinks, router, clock, metrics, loop_options(config), jitter);
+  RelayLoop loop(store, first.sinks, *first.router, clock, metrics, loop_options(config), jitter);
   Runner runner(loop, store, bell, clock, metrics, health, runner_options(config), jitter);
+  Reloader reloader(source, std::move(first), runner, bell, ops);
 
   // A transaction pooler in database.url is a configuration error: refuse before anything runs. A
   // database that cannot be reached now is not: the runner retries (and checks at each connect).
@@ -154,6 +141,8 @@ int run_relay(const config::Config& config) {
 
   pg::Listener listener(config.database.url, config.database.channel, bell, health, metrics, config.database.reconnect,
                         clock, watch_options(config));
+  // A process-directed SIGHUP (raise() would direct it at this thread, where nobody takes it).
+  listener.on_reload([] { kill(getpid(), SIGHUP); });
   ops.start([&store] { return store.lanes_owned(); });
   listener.start();
   std::promise<void> finished;
@@ -164,8 +153,8 @@ int run_relay(const config::Config& config) {
   });
 
   int exit_code = 0;
-  wait_for_stop(bell, stop_signals, config);
-  const auto deadline = std::chrono::steady_clock::now() + config.relay.shutdown_timeout;
+  wait_for_stop(bell, signals, reloader);
+  const auto deadline = std::chrono::steady_clock::now() + reloader.current().config.relay.shutdown_timeout;
   listener.interrupt();  // a watch statement in progress
   // Past the deadline: leave without the threads still waiting (nothing is lost by it).
   const auto leave_now = [&] {
@@ -182,7 +171,8 @@ int run_relay(const config::Config& config) {
     leave_now();
   }
   loop_thread.join();
-  for (Sink* s : sinks) {
+  reloader.poll();  // a reload the loop took before it stopped: its sinks are the ones to flush
+  for (Sink* s : reloader.current().sinks) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     s->flush(std::max(left, std::chrono::milliseconds{100}));

@@ -2,16 +2,18 @@
 #include <string>
 #include <vector>
 
+#include "app/reload.hpp"
 #include "config/config.hpp"
 #include "sinks/registry.hpp"
 
 namespace outbox::app {
 
-// Runs the relay until SIGTERM/SIGINT (exit code 0) or a fatal error (non-zero). Blocks.
+// Runs the relay until SIGTERM/SIGINT (exit code 0) or a fatal error (non-zero). Blocks. SIGHUP
+// re-reads the config from `source` (app/reload.hpp); `config` is what `source` gave at start.
 // Throws config::ConfigError (exit 2) before anything runs when http.listen cannot be bound or
 // database.url leads to a transaction pooler (postgres/pooler.hpp).
-// Must be called before any other thread exists: it blocks the stop signals process-wide.
-int run_relay(const config::Config& config);
+// Must be called before any other thread exists: it blocks the stop signals and SIGHUP process-wide.
+int run_relay(const config::Config& config, const ConfigSource& source);
 
 // Registers the database password (and other secrets in the config) with the log redactor.
 void register_secrets(const config::Config& config);

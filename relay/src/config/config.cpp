@@ -131,6 +131,33 @@ HttpConfig parse_http(Section& s) {
   return c;
 }
 
+// A YAML value as JSON, every scalar interpolated (as written where that fails: the sink's own
+// parse names the error) and mappings sorted by key.
+nlohmann::json canonical(const YAML::Node& node, const std::string& key, const EnvLookup& env) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar: try { return interpolate(node.Scalar(), key, env);
+      } catch (const ConfigError&) {
+        return node.Scalar();
+      }
+    case YAML::NodeType::Sequence: {
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& item : node) out.push_back(canonical(item, key, env));
+      return out;
+    }
+    case YAML::NodeType::Map: {
+      nlohmann::json out = nlohmann::json::object();  // sorted: the order keys are written in does not count
+      for (const auto& kv : node) {
+        const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : YAML::Dump(kv.first);
+        out[name] = canonical(kv.second, key + "." + name, env);
+      }
+      return out;
+    }
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined: return nullptr;
+  }
+  return nullptr;
+}
+
 SinkConfig parse_sink(Section& s, std::set<std::string>& names, const EnvLookup& env) {
   SinkConfig c;
   c.name = s.required_string("name");
@@ -145,6 +172,7 @@ SinkConfig parse_sink(Section& s, std::set<std::string>& names, const EnvLookup&
   c.section = s.node();
   c.path = s.path();
   c.env = env;
+  c.fingerprint = canonical(*c.section, c.path, env).dump();
   return c;  // the rest of the entry is the registry's (no finish() here)
 }
 

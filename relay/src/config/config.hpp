@@ -89,6 +89,10 @@ struct SinkConfig {
   YamlNode section;  // the whole entry
   std::string path;  // its key path for errors: sinks[N]
   EnvLookup env;     // for ${...} in its values
+  // The entry as read: every value ${...}-interpolated when the file was read (a secret rotated in
+  // a ${file:...} changes it), keys sorted. Equal fingerprints: the same sink (a reload keeps it).
+  // Holds secrets: never logged.
+  std::string fingerprint;
 };
 
 struct RouteConfig {

@@ -73,7 +73,7 @@ RelayLoop::RelayLoop(Store& store, std::vector<Sink*> sinks, const Router& route
                      LoopOptions options, std::function<double()> jitter01)
     : store_(store),
       sinks_(std::move(sinks)),
-      router_(router),
+      router_(&router),
       clock_(clock),
       metrics_(metrics),
       options_(options),
@@ -82,6 +82,12 @@ RelayLoop::RelayLoop(Store& store, std::vector<Sink*> sinks, const Router& route
 std::optional<Clock::SteadyTime> RelayLoop::next_retry_due() const {
   if (retry_due_.empty()) return std::nullopt;
   return *retry_due_.begin();
+}
+
+void RelayLoop::reconfigure(std::vector<Sink*> sinks, const Router& router, LoopOptions options) {
+  sinks_ = std::move(sinks);
+  router_ = &router;
+  options_ = options;
 }
 
 void RelayLoop::flush_pending() {
@@ -338,7 +344,7 @@ RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const KeyHolds& h
           "not infinity)";
       continue;
     }
-    const auto routed = router_.sinks_for(event.topic);
+    const auto routed = router_->sinks_for(event.topic);
     if (routed.empty()) {
       verdict.permanent = "no route matches topic '" + event.topic + "'";
       continue;

@@ -52,7 +52,8 @@ struct DrainControl {
   // True: claim nothing more; the batch in flight is finished and completed.
   std::function<bool()> stop = [] { return false; };
   // When pause_due() says so, pause() is called with no batch in flight and every outcome so far
-  // written (the runner rebalances lanes there).
+  // written (the runner rebalances lanes there, and may reconfigure() the loop: the next batch
+  // is prepared with the new sinks and options).
   std::function<bool()> pause_due = [] { return false; };
   std::function<void()> pause = [] {};
 };
@@ -101,6 +102,12 @@ class RelayLoop {
 
   const LoopOptions& options() const { return options_; }
 
+  // A reload (app/reload.hpp): the sinks, router and options from the next batch on. Call on the
+  // loop's thread with nothing in flight only: between drains, or from DrainControl::pause. The
+  // old sinks and router are not used after this returns. Outcomes not yet written are kept: they
+  // name events by id, and the sinks done by name.
+  void reconfigure(std::vector<Sink*> sinks, const Router& router, LoopOptions options);
+
  private:
   struct Batch;
 
@@ -126,7 +133,7 @@ class RelayLoop {
 
   Store& store_;
   std::vector<Sink*> sinks_;
-  const Router& router_;
+  const Router* router_;  // never null; replaced by reconfigure()
   const Clock& clock_;
   Metrics& metrics_;
   LoopOptions options_;

@@ -8,8 +8,9 @@
 namespace outbox {
 
 // kPoll: a poll of the table found events (docs/design.md "How wakeups work"); kNotify: a NOTIFY
-// on the channel (an opt-in writer trigger, or an operator command).
-enum class WakeSource { kNotify, kPoll, kSweep, kRetry, kStartup, kWatch };
+// on the channel (an opt-in writer trigger, or an operator command); kReload: a reloaded config
+// waits for the loop to take it (app/reload.hpp).
+enum class WakeSource { kNotify, kPoll, kSweep, kRetry, kStartup, kWatch, kReload };
 
 class Metrics {
  public:

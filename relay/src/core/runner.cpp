@@ -102,9 +102,12 @@ std::size_t Runner::drain(bool probe) {
   DrainControl control;
   control.probe = probe;
   control.stop = [this] { return waiter_.stopped(); };
-  // Between batches, so a long backlog does not keep lanes from new peers.
-  control.pause_due = [this] { return clock_.now() >= next_rebalance_; };
-  control.pause = [this] { maybe_rebalance(); };
+  // Between batches, so a long backlog does not keep lanes from new peers, nor a reload waiting.
+  control.pause_due = [this] { return clock_.now() >= next_rebalance_ || reconfiguration_pending(); };
+  control.pause = [this] {
+    take_reconfiguration();
+    maybe_rebalance();
+  };
   const BatchResult r = loop_.drain(control);
   if (r.retried + r.dead_lettered > 0) {
     log::debug("drain done", {{"claimed", r.claimed},
@@ -116,7 +119,32 @@ std::size_t Runner::drain(bool probe) {
   return r.claimed;
 }
 
+void Runner::post(Reconfiguration next) {
+  std::lock_guard lock(posted_mutex_);
+  posted_ = std::move(next);
+}
+
+bool Runner::reconfiguration_pending() const {
+  std::lock_guard lock(posted_mutex_);
+  return posted_.has_value();
+}
+
+void Runner::take_reconfiguration() {
+  std::lock_guard lock(posted_mutex_);
+  if (!posted_) return;
+  loop_.reconfigure(std::move(posted_->sinks), *posted_->router, posted_->loop);
+  const auto reconnect = options_.reconnect;
+  options_ = posted_->runner;
+  options_.reconnect = reconnect;
+  // Timers set by the old intervals come no later than the new ones say.
+  const auto now = clock_.now();
+  next_sweep_ = std::min(next_sweep_, now + options_.sweep_interval);
+  next_rebalance_ = std::min(next_rebalance_, now + options_.rebalance_interval);
+  posted_.reset();  // last: the poster reads "taken" only once nothing uses the old sinks
+}
+
 void Runner::session() {
+  take_reconfiguration();  // a reload while the database was away
   store_.connect();
   // Outcomes a failed complete() left, then the lanes (a new session owns none; a poll's outcomes
   // go first, as its events carry no lease: Store::probe_claim).
@@ -135,6 +163,7 @@ void Runner::session() {
   auto poll_every = options_.poll_interval;
   sweep_ = {};
   while (!waiter_.stopped()) {
+    take_reconfiguration();  // between drains: nothing in flight
     now = clock_.now();
     if (now >= next_rebalance_) {
       loop_.flush_pending();

@@ -10,7 +10,9 @@
 // drive the schedule on one thread with a fake clock and no sleeps.
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <optional>
+#include <vector>
 
 #include "core/backoff.hpp"
 #include "core/bell.hpp"
@@ -44,6 +46,16 @@ struct RunnerOptions {
   BackoffPolicy reconnect;
 };
 
+// A reloaded config's part of the loop and the runner (app/reload.hpp): posted from another
+// thread, taken by the runner at a safe point (Runner::post).
+struct Reconfiguration {
+  std::vector<Sink*> sinks;
+  const Router* router = nullptr;  // never null when posted
+  LoopOptions loop;
+  // Its reconnect backoff is not taken: the runner's reconnect keeps the one it started with.
+  RunnerOptions runner;
+};
+
 class Runner {
  public:
   // Everything is borrowed and must outlive the runner. jitter01 returns uniform numbers in [0, 1).
@@ -54,7 +66,20 @@ class Runner {
   // finished and completed before this returns. Never throws StoreUnavailable.
   void run();
 
+  // Thread-safe. Hands a reconfiguration to the loop thread, which takes it at its next safe
+  // point (nothing in flight, every sink's acks in and their outcomes written): between drains,
+  // between two batches of a long drain (DrainControl::pause), or before it connects. The
+  // sinks and the router must stay alive until reconfiguration_pending() is false, and the ones
+  // they replace until then too. Ring the waiter afterwards so that an idle loop takes it at once.
+  // One at a time: post again only once the last one was taken.
+  void post(Reconfiguration next);
+  // Thread-safe. Whether the last post() has not been taken yet.
+  bool reconfiguration_pending() const;
+
  private:
+  // Takes a posted reconfiguration, if any (the loop thread, at a safe point).
+  void take_reconfiguration();
+
   using Time = Clock::SteadyTime;
 
   // One connected session: connects, writes what a lost session left, takes its lanes, then
@@ -105,6 +130,8 @@ class Runner {
   // Events polls found, and the seconds they covered, smoothed over the last few polls.
   double recent_events_ = 0;
   double recent_seconds_ = 0;
+  mutable std::mutex posted_mutex_;
+  std::optional<Reconfiguration> posted_;  // guarded by posted_mutex_
 };
 
 }  // namespace outbox

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <array>
+#include <mutex>
+#include <shared_mutex>
 #include <unordered_map>
 
 namespace outbox::http {
@@ -29,8 +31,8 @@ const Histogram::BucketBoundaries kClaimBuckets{0.0005, 0.001, 0.0025, 0.005, 0.
 const Histogram::BucketBoundaries kPublishBuckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                   0.5,   1,      2.5,   5,    10,    30,   60};
 
-constexpr std::array kWakeSources{WakeSource::kNotify, WakeSource::kPoll,    WakeSource::kSweep,
-                                  WakeSource::kRetry,  WakeSource::kStartup, WakeSource::kWatch};
+constexpr std::array kWakeSources{WakeSource::kNotify,  WakeSource::kPoll,  WakeSource::kSweep, WakeSource::kRetry,
+                                  WakeSource::kStartup, WakeSource::kWatch, WakeSource::kReload};
 
 }  // namespace
 
@@ -42,6 +44,7 @@ const char* wake_source_label(WakeSource source) {
     case WakeSource::kRetry: return "retry";
     case WakeSource::kStartup: return "startup";
     case WakeSource::kWatch: return "watch";
+    case WakeSource::kReload: return "reload";
   }
   return "unknown";
 }
@@ -96,7 +99,7 @@ struct PrometheusMetrics::Impl {
               "Why the loop claimed: poll (a poll of the table found new events), notify (a "
               "NOTIFY on the channel: an operator command or an opt-in writer trigger), sweep "
               "(timer), retry (a retry fell due), startup (catch-up after (re)connecting LISTEN), watch "
-              "(an idle relay's watch of the id sequence saw a new id)")
+              "(an idle relay's watch of the id sequence saw a new id), reload (a reloaded config to take)")
           .Register(registry);
   Counter& reconnects = prometheus::BuildCounter()
                             .Name("outbox_relay_db_reconnects_total")
@@ -156,6 +159,14 @@ struct PrometheusMetrics::Impl {
                                   "publishes no event past an id not yet visible (schema/010), 0 before it is read")
                               .Register(registry)
                               .Add({});
+  Family<Counter>& reloads = prometheus::BuildCounter()
+                                 .Name("outbox_relay_config_reloads_total")
+                                 .Help(
+                                     "Reloads of the config file (SIGHUP, outbox-relay reload): ok (applied), error "
+                                     "(invalid: nothing changed; the log names the key and line)")
+                                 .Register(registry);
+  Counter* reloads_ok = nullptr;
+  Counter* reloads_error = nullptr;
   Counter& retention = prometheus::BuildCounter()
                            .Name("outbox_relay_retention_deleted_total")
                            .Help("Processed rows deleted by relay.retention")
@@ -168,7 +179,8 @@ struct PrometheusMetrics::Impl {
   Histogram* claim = nullptr;
   std::array<Counter*, kWakeSources.size()> wakeup_by_source{};
   std::array<Counter*, std::size(kAllDbErrorClasses)> db_error_by_class{};
-  std::unordered_map<std::string, SinkSeries> sinks;  // written in the constructor only
+  mutable std::shared_mutex sinks_mutex;
+  std::unordered_map<std::string, SinkSeries> sinks;  // guarded by sinks_mutex
 
   SinkSeries make_series(const std::string& sink) {
     const prometheus::Labels labels{{"sink", sink}};
@@ -183,7 +195,10 @@ struct PrometheusMetrics::Impl {
   // Family::Add locks and returns the existing series for known labels, so the fallback for a
   // sink that was not announced is safe from any thread.
   SinkSeries series(const std::string& sink) {
-    if (auto it = sinks.find(sink); it != sinks.end()) return it->second;
+    {
+      std::shared_lock lock(sinks_mutex);
+      if (auto it = sinks.find(sink); it != sinks.end()) return it->second;
+    }
     return make_series(sink);
   }
 };
@@ -203,8 +218,20 @@ PrometheusMetrics::PrometheusMetrics(const std::vector<std::string>& sink_names,
     im.sinks.emplace(kRelayLabel, Impl::SinkSeries{nullptr, nullptr, &im.dead_lettered.Add({{"sink", kRelayLabel}}),
                                                    nullptr, nullptr, nullptr});
   }
+  im.reloads_ok = &im.reloads.Add({{"result", "ok"}});
+  im.reloads_error = &im.reloads.Add({{"result", "error"}});
   im.build_info.Add({{"version", version}}).Set(1);
 }
+
+void PrometheusMetrics::add_sinks(const std::vector<std::string>& sink_names) {
+  auto& im = *impl_;
+  std::unique_lock lock(im.sinks_mutex);
+  for (const auto& name : sink_names) {
+    if (!im.sinks.count(name) || !im.sinks[name].published) im.sinks[name] = im.make_series(name);
+  }
+}
+
+void PrometheusMetrics::config_reload(bool ok) { (ok ? impl_->reloads_ok : impl_->reloads_error)->Increment(); }
 
 PrometheusMetrics::~PrometheusMetrics() = default;
 

@@ -3,9 +3,9 @@
 // timers feed (backlog, readiness, retention). prometheus-cpp stays inside the .cpp.
 //
 // Threading: every method is thread-safe. The per-event calls (delivered, retried, ...) look up
-// the sink's series in a map built at construction and only read afterwards, so the loop pays
-// one hash lookup and an atomic add per event; an unknown sink name falls back to the
-// registry's own locking.
+// the sink's series in a map under a shared lock (written only by the constructor and add_sinks,
+// at a reload), so the loop pays one uncontended lock, a hash lookup and an atomic add per event;
+// an unknown sink name falls back to the registry's own locking.
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +45,12 @@ class PrometheusMetrics final : public Metrics {
   void lanes_owned(int count) override;
   void writers_holding(std::size_t events, double oldest_writer_seconds) override;
   void sequence_cache(long long ids) override;
+
+  // A reload's new sinks: their series are created at 0 (those of removed sinks stay, with their
+  // last values).
+  void add_sinks(const std::vector<std::string>& sink_names);
+  // outbox_relay_config_reloads_total{result="ok"|"error"}.
+  void config_reload(bool ok);
 
   // Fed by the relay's own timers.
   void backlog(const BacklogGauges& values);

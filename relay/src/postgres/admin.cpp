@@ -215,6 +215,15 @@ DeadLetterPage list_dead_letters(const std::string& url, const std::string& tabl
   }
 }
 
+void request_reload(const std::string& url, const std::string& table, const std::string& channel) {
+  try {
+    auto conn = open_session(url, "reload");
+    pqxx::nontransaction(*conn).exec_params("SELECT pg_notify($1, 'reload')", channel);
+  } catch (const std::exception& e) {
+    fail("reload", e, url, table);
+  }
+}
+
 IdRanges retry_dead_letters(const std::string& url, const std::string& table, const std::string& channel,
                             const RetrySelection& selection) {
   try {

@@ -125,6 +125,10 @@ IdRanges purge_dead_letters(const std::string& url, const std::string& table, st
 IdRanges replay_processed(const std::string& url, const std::string& table, const std::string& channel,
                           long long from_id, std::optional<long long> to_id, const std::optional<std::string>& topic);
 
+// `outbox-relay reload`: NOTIFY channel, 'reload'. Every relay listening on the channel re-reads
+// its own config file (postgres/listener.hpp). `table` only names the failure.
+void request_reload(const std::string& url, const std::string& table, const std::string& channel);
+
 // The backlog gauges: one statement on a dedicated session, opened on first use and reopened
 // after a failure. One thread at a time.
 class BacklogProbe {

@@ -18,16 +18,23 @@
 namespace outbox::pg {
 namespace {
 
-// Counts what arrives; the session rings the bell for them, paced (NotifyPacer).
+constexpr const char* kReloadPayload = "reload";  // `outbox-relay reload`
+
+// Counts what arrives; the session rings the bell for them, or asks for a reload, paced
+// (NotifyPacer).
 class Receiver final : public pqxx::notification_receiver {
  public:
   Receiver(pqxx::connection_base& conn, const std::string& channel) : pqxx::notification_receiver(conn, channel) {}
-  void operator()(const std::string& /*payload*/, int /*backend_pid*/) override { ++arrived_; }
-  // How many arrived since the last call.
+  void operator()(const std::string& payload, int /*backend_pid*/) override {
+    ++(payload == kReloadPayload ? reloads_ : arrived_);
+  }
+  // How many arrived since the last call: wakeups, and reload requests.
   long long take() { return std::exchange(arrived_, 0); }
+  long long take_reloads() { return std::exchange(reloads_, 0); }
 
  private:
   long long arrived_ = 0;
+  long long reloads_ = 0;
 };
 
 // The sequence to watch, or why not. A table whose enabled triggers notify (schema 1, or the
@@ -150,11 +157,16 @@ void Listener::session(Reconnect& reconnect, const WatchStatement& statement) {
   }
   IdleWatch idle(watch_.enabled);
   NotifyPacer pacer(watch_.notify_every);
+  NotifyPacer reload_pacer(watch_.notify_every);
   // The notifications libpq has read (with the last statement, or now from the socket): a ring,
-  // at once or held (pacer).
+  // at once or held (pacer), and a reload, the same way.
   const auto take_notifications = [&] {
     conn->get_notifs();
     if (receiver.take() > 0 && pacer.arrived(clock_.now())) bell_.ring(WakeSource::kNotify);
+    if (receiver.take_reloads() > 0 && reload_pacer.arrived(clock_.now())) {
+      log::info("reload requested on the channel", {{"channel", channel_}});
+      on_reload_();
+    }
   };
   for (;;) {
     // Drained before the bell and the offer are read: a stop or an offer made after this makes
@@ -169,13 +181,16 @@ void Listener::session(Reconnect& reconnect, const WatchStatement& statement) {
       bell_.set_watcher(idle.watching());
     }
     if (pacer.take_due(clock_.now())) bell_.ring(WakeSource::kNotify);
-    // No watch while a ring is held: it would wait for the statement's end.
-    const auto held = pacer.due();
+    if (reload_pacer.take_due(clock_.now())) on_reload_();
+    // No watch while a ring or a reload is held: it would wait for the statement's end.
+    const auto held = pacer.due() || reload_pacer.due();
     const auto after = idle.watching() && !held ? idle.watch_above(bell_.watch_offer()) : std::nullopt;
     if (!after) {
       take_notifications();  // any that libpq read with the last statement
-      const auto wait = pacer.due() ? std::chrono::ceil<std::chrono::milliseconds>(*pacer.due() - clock_.now())
-                                    : std::chrono::milliseconds(10'000);
+      std::optional<std::chrono::steady_clock::time_point> due = pacer.due();
+      if (const auto reload_due = reload_pacer.due(); reload_due && (!due || *reload_due < *due)) due = reload_due;
+      const auto wait =
+          due ? std::chrono::ceil<std::chrono::milliseconds>(*due - clock_.now()) : std::chrono::milliseconds(10'000);
       wait_readable(conn->sock(), bell_.watcher_fd(), static_cast<int>(std::max<long long>(0, wait.count())));
       take_notifications();
       continue;

@@ -10,8 +10,11 @@
 // kWatch. Notifications that arrive meanwhile are handled when the statement returns. No watch
 // when the table has an enabled trigger that notifies (its writers ring the bell themselves,
 // within a millisecond) or the role cannot read the sequence.
+// A notification whose payload is exactly `reload` (`outbox-relay reload`) calls on_reload instead
+// of ringing, paced the same way with a pacer of its own (the app raises SIGHUP: app/reload.hpp).
 // Reconnects through core/reconnect.hpp, like the work session.
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -51,6 +54,9 @@ class Listener {
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
+  // Called on the LISTEN thread for a `reload` notification (paced). Set before start().
+  void on_reload(std::function<void()> callback) { on_reload_ = std::move(callback); }
+
   void start();
   // After the bell is stopped: cancels a watch statement in progress (from a thread of its own, as
   // a cancel request opens a connection), so the thread ends now rather than with the statement.
@@ -73,6 +79,7 @@ class Listener {
   BackoffPolicy reconnect_;
   const Clock& clock_;
   WatchOptions watch_;
+  std::function<void()> on_reload_ = [] {};
   std::thread thread_;
   std::promise<void> ended_;
   std::future<void> ended_future_ = ended_.get_future();

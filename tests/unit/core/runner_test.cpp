@@ -641,3 +641,75 @@ TEST_CASE("reconnect_delay: exponential for transient and other, the cap at once
     CHECK(reconnect_delay(p, 1, kind, 1.0) == milliseconds(30'000));
   }
 }
+
+namespace {
+
+// Records what it was sent; may run a hook before it answers (a reload posted from another thread
+// while its batch is in flight).
+class RecordingSink final : public NamedSink {
+ public:
+  explicit RecordingSink(std::string name) : NamedSink(std::move(name)) {}
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    for (const Event* e : events) ids.push_back(e->id);
+    if (on_publish) std::exchange(on_publish, nullptr)();
+    return std::vector<Outcome>(events.size(), Outcome::delivered());
+  }
+  std::vector<EventId> ids;
+  std::function<void()> on_publish;
+};
+
+}  // namespace
+
+TEST_CASE("runner: a reconfiguration posted while a batch is in flight is taken once it is done, not during it") {
+  Fixture f;
+  f.options.sweep_interval = milliseconds(10'000);
+  f.waiter.stop_at = at(25'000);
+  RecordingSink old_sink("old"), new_sink("new");
+  const Router router{{}, 1};
+  RelayLoop loop{f.store,           {&old_sink}, router, f.clock, f.metrics, outbox::testing::loop_options(2, 5, {}),
+                 [] { return 0.0; }};
+  Runner runner(loop, f.store, f.waiter, f.clock, f.metrics, f.health, f.options, [] { return 0.0; });
+  // The catch-up's drain claims 1 and 2 (a full batch), then 3 (perhaps ahead, while 1 and 2 are in
+  // flight, on the helper thread that posts); the first poll finds nothing, the second finds 4.
+  f.store.batches = {{event(1), event(2)}, {event(3)}, {}, {event(4)}};
+  RunnerOptions slower = f.options;
+  slower.sweep_interval = milliseconds(20'000);
+  old_sink.on_publish = [&] {
+    runner.post({{&new_sink}, &router, outbox::testing::loop_options(7, 5, {}), slower});
+    CHECK(runner.reconfiguration_pending());
+  };
+  runner.run();
+  CHECK_FALSE(runner.reconfiguration_pending());
+  // The batch in flight went to the old sink whole; the one claimed ahead beside it, if any, too.
+  const bool ahead = old_sink.ids.size() == 3;
+  CHECK(old_sink.ids == (ahead ? std::vector<EventId>{1, 2, 3} : std::vector<EventId>{1, 2}));
+  CHECK(new_sink.ids == (ahead ? std::vector<EventId>{4} : std::vector<EventId>{3, 4}));
+  CHECK(loop.options().batch_size == 7);
+  // The sweep at 10 s (set before the reload, and no later than the new interval says), then 20 s
+  // apart: none more before 25 s.
+  CHECK(f.store.claims.back() == at(10'000));
+  CHECK(std::count(f.store.claims.begin(), f.store.claims.end(), at(10'000)) == 1);
+}
+
+TEST_CASE("runner: a long drain takes a reconfiguration between two of its batches") {
+  Fixture f;
+  f.waiter.stop_at = at(1'000);
+  RecordingSink old_sink("old"), new_sink("new");
+  const Router router{{}, 1};
+  RelayLoop loop{f.store,           {&old_sink}, router, f.clock, f.metrics, outbox::testing::loop_options(2, 5, {}),
+                 [] { return 0.0; }};
+  Runner runner(loop, f.store, f.waiter, f.clock, f.metrics, f.health, f.options, [] { return 0.0; });
+  // A backlog of full batches: one drain, until the short claim at the end.
+  f.store.batches = {{event(1), event(2)}, {event(3), event(4)}, {event(5), event(6)}, {event(7), event(8)}, {}};
+  old_sink.on_publish = [&] {
+    runner.post({{&new_sink}, &router, outbox::testing::loop_options(2, 5, {}), f.options});
+  };
+  runner.run();
+  // 1-2 in flight when it was posted, 3-4 perhaps claimed ahead beside them; from then on the new sink.
+  CHECK(old_sink.ids.size() + new_sink.ids.size() == 8);
+  CHECK(std::vector<EventId>(old_sink.ids.begin(), old_sink.ids.begin() + 2) == std::vector<EventId>{1, 2});
+  CHECK(old_sink.ids.size() <= 4);
+  CHECK(std::vector<EventId>(new_sink.ids.end() - 4, new_sink.ids.end()) == std::vector<EventId>{5, 6, 7, 8});
+  CHECK(f.store.claims.size() == 5);  // one drain's claims: no poll came between
+  CHECK(ms_list(f.store.claims) == std::vector<long long>(5, 0));
+}

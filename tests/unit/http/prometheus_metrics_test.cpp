@@ -137,3 +137,22 @@ TEST_CASE("counts from several threads add up") {
   CHECK(s.at("outbox_relay_events_published_total{sink=\"audit\"}") == "40000");
   CHECK(s.at("outbox_relay_delivery_latency_seconds_count{sink=\"audit\"}") == "40000");
 }
+
+TEST_CASE("a reload's new sinks start at zero while the loop counts; reloads are counted by result") {
+  http::PrometheusMetrics m({"audit"}, "0.1.0");
+  std::thread loop([&] {  // the loop's thread counts while the reload adds sinks
+    for (int i = 0; i < 10000; ++i) m.delivered(i % 2 ? "audit" : "extra", 0.01);
+  });
+  m.add_sinks({"audit", "extra", "more"});
+  loop.join();
+  m.config_reload(true);
+  m.config_reload(false);
+  m.config_reload(true);
+  const auto s = samples(m.scrape());
+  CHECK(s.at("outbox_relay_events_published_total{sink=\"audit\"}") == "5000");
+  CHECK(s.at("outbox_relay_events_published_total{sink=\"extra\"}") == "5000");
+  CHECK(s.at("outbox_relay_events_published_total{sink=\"more\"}") == "0");
+  CHECK(s.at("outbox_relay_events_retried_total{sink=\"more\"}") == "0");
+  CHECK(s.at("outbox_relay_config_reloads_total{result=\"ok\"}") == "2");
+  CHECK(s.at("outbox_relay_config_reloads_total{result=\"error\"}") == "1");
+}
