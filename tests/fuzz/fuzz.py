@@ -36,7 +36,7 @@ from harness import Cluster, Receiver, RelaySlot, Tailer, make_workdir, mono, re
 from ledger import INF, Ledger  # noqa: E402
 from writers import BEHAVIOURS, SETUP_SQL, Shared, Writer  # noqa: E402
 
-CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2}
+CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2, "relay_reload": 2}
 SINK_MODES = {"webhook": 5, "mixed": 4, "file": 1}      # name -> weight when picked from the seed
 MAIN_DB, COPY_DB = "fuzz_main", "fuzz_copy"
 
@@ -89,7 +89,8 @@ def pick_range(text, rng):
 
 
 class Chaos:
-    """Kills (SIGKILL) and restarts relays, stops them (SIGSTOP) for 0.5-3 s, restarts Postgres."""
+    """Kills (SIGKILL) and restarts relays, stops them (SIGSTOP) for 0.5-3 s, restarts Postgres,
+    reloads a relay's config (SIGHUP) with another batch_size."""
 
     def __init__(self, fz, rng, enabled, every):
         self.fz, self.rng, self.enabled = fz, rng, enabled
@@ -165,6 +166,25 @@ class Chaos:
         slot.stop_signal()
         time.sleep(pause)
         slot.cont()
+        w.end = w.release_at = mono()
+
+    def relay_reload(self):
+        slot = self._slot()
+        if slot is None:
+            return
+        size = self.rng.choice([50, 100, 250, 500, 1000])
+        w = self.fz.ledger.window("relay_reload", f"relay{slot.index} SIGHUP, batch_size {size}")
+        started = mono()
+        slot.reload(size)
+        deadline = started + 10.0
+        seen = None
+        while seen is None and mono() < deadline and slot.alive():
+            seen = self.fz.tailer.log_seen(slot.index, slot.generation, "config reloaded", started)
+            time.sleep(0.05)
+        if seen is None and slot.alive():
+            self.problems.append(("reload_stuck", f"relay{slot.index} (generation {slot.generation}) did not log "
+                                  f"'config reloaded' within 10 s of SIGHUP", started))
+        # A reload holds nothing back: no budget beyond the usual one.
         w.end = w.release_at = mono()
 
     def pg_restart(self):

@@ -109,6 +109,7 @@ class RelaySlot:
             self.sink = "webhook"
             config["sinks"] = [{"name": "hook", "type": "webhook", "url": receiver.url(f"relay{index}"),
                                 "format": "cloudevents", "timeout": "5s", "max_in_flight": 4}]
+        self.config = config
         self.config_path.write_text(json.dumps(config, indent=2))  # JSON is YAML
         self.proc = None
         self.generation = 0
@@ -143,6 +144,14 @@ class RelaySlot:
         if self._log:
             self._log.close()
             self._log = None
+
+    def reload(self, batch_size: int):
+        """Rewrites the config file with another batch_size and sends SIGHUP (the relay re-reads it
+        without a restart; its sink is unchanged, so it keeps it)."""
+        self.config["relay"]["batch_size"] = batch_size
+        self.config_path.write_text(json.dumps(self.config, indent=2))
+        if self.alive():
+            self.proc.send_signal(signal.SIGHUP)
 
     def stop_signal(self):
         if self.alive():
