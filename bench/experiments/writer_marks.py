@@ -118,6 +118,19 @@ def setup(db: pc.Db, relay_bin: str, work: Path) -> dict:
     return {"statement_mark": mark, "lane_mark": check, "scripts": {t: str(p) for t, p in scripts.items()}}
 
 
+def report_us(us, tables, heading, column, key, a):
+    """Prints the per-table medians and minima of `us` (with their difference to plain's median)
+    and writes them to a.out under `key`."""
+    print(f"\n{heading}\n")
+    print(f"| table | {column} (median) | min | median over plain |\n| --- | ---: | ---: | ---: |")
+    base = statistics.median(us["plain"]) if "plain" in us else None
+    for t in tables:
+        med = statistics.median(us[t])
+        extra = f"{med - base:+.1f} us" if base is not None else "-"
+        print(f"| {t} | {med:.1f} | {min(us[t]):.1f} | {extra} |")
+    Path(a.out).write_text(json.dumps({key: us, "args": vars(a)}, indent=1))
+
+
 def one_backend(db, tables, a):
     """Each table's INSERT + COMMIT on one backend, from a procedure (a prepared INSERT, as pgbench
     -M prepared sends it), synchronous_commit off; us per transaction, median and min of rounds."""
@@ -137,15 +150,8 @@ def one_backend(db, tables, a):
                           f"* 1e6 / {a.one_backend}")
             us[t].append(float(out.split()[-1]))
             pc.log("marks", f"round {r + 1} {t}: {us[t][-1]:.1f} us per transaction on one backend")
-    print(f"\nOne backend, {a.one_backend} single-row INSERT transactions per round, synchronous_commit off, "
-          f"{a.rounds} rounds\n")
-    print("| table | us per transaction (median) | min | median over plain |\n| --- | ---: | ---: | ---: |")
-    base = statistics.median(us["plain"]) if "plain" in us else None
-    for t in tables:
-        med = statistics.median(us[t])
-        extra = f"{med - base:+.1f} us" if base is not None else "-"
-        print(f"| {t} | {med:.1f} | {min(us[t]):.1f} | {extra} |")
-    Path(a.out).write_text(json.dumps({"one_backend_us": us, "args": vars(a)}, indent=1))
+    report_us(us, tables, f"One backend, {a.one_backend} single-row INSERT transactions per round, "
+              f"synchronous_commit off, {a.rounds} rounds", "us per transaction", "one_backend_us", a)
 
 
 def one_client(db, info, tables, a):
@@ -164,15 +170,9 @@ def one_client(db, info, tables, a):
                 raise SystemExit(f"pgbench failed on {t}: {res}")
             us[t].append(cpu / a.one_client * 1e6)
             pc.log("marks", f"round {r + 1} {t}: {us[t][-1]:.1f} us Postgres CPU per transaction, one client")
-    print(f"\nOne client (-M {a.mode}), {a.one_client} autocommit single-row INSERT transactions per round, "
-          f"synchronous_commit off, {a.rounds} rounds\n")
-    print("| table | Postgres CPU per transaction (median) | min | median over plain |\n| --- | ---: | ---: | ---: |")
-    base = statistics.median(us["plain"]) if "plain" in us else None
-    for t in tables:
-        med = statistics.median(us[t])
-        extra = f"{med - base:+.1f} us" if base is not None else "-"
-        print(f"| {t} | {med:.1f} | {min(us[t]):.1f} | {extra} |")
-    Path(a.out).write_text(json.dumps({"one_client_us": us, "args": vars(a)}, indent=1))
+    report_us(us, tables, f"One client (-M {a.mode}), {a.one_client} autocommit single-row INSERT transactions "
+              f"per round, synchronous_commit off, {a.rounds} rounds", "Postgres CPU per transaction",
+              "one_client_us", a)
 
 
 def side_by_side(db, info, tables, truncate, a):

@@ -24,33 +24,9 @@ cache=${OUTBOX_HELM_CACHE:-$HOME/.cache/outbox-relay/helm}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-failures=0
-ok() { echo "ok: $*"; }
-skip() { echo "skip: $*"; }
-fail() {
-  echo "FAIL: $1"
-  [ -n "${2:-}" ] && sed 's/^/    /' "$2"
-  failures=$((failures + 1))
-}
-# run NAME CMD...: ok when CMD exits 0 and prints nothing to stderr (warnings count as failures).
-run() {
-  local name=$1
-  shift
-  if "$@" > "$tmp/out" 2> "$tmp/err" && [ ! -s "$tmp/err" ]; then
-    ok "$name"
-  else
-    cat "$tmp/err" >> "$tmp/out"
-    fail "$name" "$tmp/out"
-  fi
-}
+# ok, skip, fail, run, the failure count and python
+. "$root/tests/ops/checks.sh"
 
-python=""
-for candidate in "${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}/bin/python" python3; do
-  if command -v "$candidate" > /dev/null && "$candidate" -c 'import yaml' 2> /dev/null; then
-    python=$candidate
-    break
-  fi
-done
 [ -n "$python" ] || { echo "FAIL: no python with PyYAML (scripts/install-deps.sh makes the venv)"; exit 1; }
 
 # --- helm and the validator ------------------------------------------------------------------

@@ -17,25 +17,8 @@ relay_bin=$(realpath -m "${OUTBOX_RELAY_BIN:-$root/build/bin/outbox-relay}")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-failures=0
-ok() { echo "ok: $*"; }
-skip() { echo "skip: $*"; }
-fail() {
-  echo "FAIL: $1"
-  [ -n "${2:-}" ] && sed 's/^/    /' "$2"
-  failures=$((failures + 1))
-}
-# run NAME CMD...: ok when CMD exits 0 and prints nothing to stderr (warnings count as failures).
-run() {
-  local name=$1
-  shift
-  if "$@" > "$tmp/out" 2> "$tmp/err" && [ ! -s "$tmp/err" ]; then
-    ok "$name"
-  else
-    cat "$tmp/err" >> "$tmp/out"
-    fail "$name" "$tmp/out"
-  fi
-}
+# ok, skip, fail, run, the failure count and python
+. "$root/tests/ops/checks.sh"
 
 promtool=${PROMTOOL:-$(command -v promtool || true)}
 if [ -z "$promtool" ] && [ -x "$HOME/.cache/outbox-relay/bin/promtool" ]; then
@@ -43,13 +26,6 @@ if [ -z "$promtool" ] && [ -x "$HOME/.cache/outbox-relay/bin/promtool" ]; then
 fi
 [ "$promtool" = none ] && promtool=""  # PROMTOOL=none: exercise the fallback checks
 
-python=""
-for candidate in "${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}/bin/python" python3; do
-  if command -v "$candidate" > /dev/null && "$candidate" -c 'import yaml' 2> /dev/null; then
-    python=$candidate
-    break
-  fi
-done
 
 check_rules() {
   if [ -n "$promtool" ]; then
