@@ -13,7 +13,10 @@ Rules:
   of every transaction of the fuzzer in this database open at its commit, the end of a lock on it
   taken before it was delivered, the release of every disruption (relay killed / stopped, Postgres
   restarted, sequence caching) overlapping its wait, its last failed attempt at a webhook plus the
-  retry's backoff), and never before an earlier event of its key is due (head of line). An event
+  retry's backoff, the end of every transaction that began after its commit but before the relay
+  that delivered it took a reading of the writers whose last id reached its id, at most
+  READING_CAP after its commit), and never before an earlier event of its key is due (head of
+  line). An event
   whose epoch was truncated before it was due is not demanded;
 - a row is dead-lettered only when an attempt at it failed and its key is longer than `long_bytes`
   (the retry index cannot take the failed attempt); such a row is not demanded, and its key's later
@@ -25,6 +28,10 @@ import bisect
 from collections import defaultdict
 
 from ledger import INF
+
+# A relay reads the writers every 25-100 ms while it holds events back (LaneBounds::ReadingPace);
+# one that takes no reading for this long after an event's commit is a defect, whatever its logs.
+READING_CAP = 1.0
 
 
 class Violation:
@@ -45,6 +52,12 @@ class Result:
         self.release_reason = {}
 
 
+def _slot(line):
+    """The relay slot of a sink line (its file or webhook path is relayN), or None."""
+    name = getattr(line, "file", None) or ""
+    return int(name[5:]) if name.startswith("relay") and name[5:].isdigit() else None
+
+
 def _short(key, n=24):
     return key if len(key) <= n else f"{key[:n]}...({len(key)} chars)"
 
@@ -56,10 +69,12 @@ def retry_allowance(failed_attempts: int) -> float:
 
 
 def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines=(), shrunk=(),
-          table_uids=None, max_pairs_per_key=5, lanes=None, failures=None, dead=None, long_bytes=2600):
+          table_uids=None, max_pairs_per_key=5, lanes=None, failures=None, dead=None, long_bytes=2600,
+          readings=None):
     """lines: the tailer's SinkLines. table_uids (final): {uid: id} of the main table's rows now.
     failures: {uid: [monotonic times of failed attempts]}; dead: {uid: last_error} of the rows
-    dead-lettered so far."""
+    dead-lettered so far. readings: the relays' readings of the writers (harness.Reading; None:
+    every transaction that began after an event's commit is told apart from those open at it)."""
     res = Result()
     V = res.violations
     txns, rows, windows, truncates = ledger.snapshot()
@@ -139,7 +154,8 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
     # A prepared transaction draws no more ids: from its PREPARE on it holds only the lanes of its
     # own rows (checked apart below, lane by lane); before that it holds like any other.
     lanes = lanes or {}
-    prepared = [t for t in txns if t.db == "main" and t.prepared_at is not None]
+    prepared = sorted((t for t in txns if t.db == "main" and t.prepared_at is not None), key=lambda t: t.start)
+    prepared_starts = [t.start for t in prepared]
     holders = sorted((t for t in txns if t.db == "main" and t.prepared_at is None), key=lambda t: t.start)
     starts = [t.start for t in holders]
     prefix, m, who = [], -INF, []
@@ -152,6 +168,30 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         who.append(who_t)
 
     first_lo = {uid: min(x.lo for x in lst) for uid, lst in occ.items()}
+    first_delivery = {uid: min(lst, key=lambda x: x.lo) for uid, lst in occ.items()}
+    # Each relay's readings (all its incarnations: a new one's first reading knows nothing older,
+    # which the relay_kill window covers), by the time the line was seen; an epoch's readings
+    # only (the ids start again after a TRUNCATE ... RESTART IDENTITY).
+    by_slot = defaultdict(list)
+    for q in readings or ():
+        by_slot[q.slot].append(q)
+    for lst in by_slot.values():
+        lst.sort(key=lambda q: q.hi)
+    slot_his = {s: [q.hi for q in lst] for s, lst in by_slot.items()}
+    epoch_start = {tr.epoch_before + 1: (INF if tr.end is None else tr.end) for tr in truncates}
+
+    def reading_after(slot, r):
+        """When relay `slot` had read the writers with a last id at or above r's id: the line's hi,
+        or the commit plus READING_CAP if later."""
+        cap = r.txn.end + READING_CAP
+        lst = by_slot.get(slot, ())
+        begin = epoch_start.get(r.epoch, -INF)
+        for q in lst[bisect.bisect_right(slot_his.get(slot, ()), r.txn.start):]:
+            if q.hi >= cap:
+                break
+            if q.cache == 1 and q.lo > begin and q.last_id >= r.id:
+                return q.hi
+        return cap
     first_hi = {uid: min(x.hi for x in lst) for uid, lst in occ.items()}
     rel, reason = {}, {}
     for r in crow:
@@ -172,6 +212,25 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
                 if e > x:
                     x = e
                     why = f"txn {p.tid} ({p.behaviour}, {p.db}) open at its commit"
+        if readings is not None and r.id is not None:
+            # A writer first seen by a relay's reading drew only ids above the last id of the
+            # reading before (LaneBounds::resolve_below_new_writers): one that began after the
+            # commit but before the delivering relay's first reading that reached this id cannot
+            # be told from one open at the commit, and holds the event as such.
+            slot = _slot(first_delivery.get(r.uid))
+            told = reading_after(slot, r) if slot is not None else max(
+                (reading_after(s, r) for s in by_slot), default=c + READING_CAP)
+            i = bisect.bisect_left(starts, told) - 1
+            later = [who[i]] if i >= 0 and prefix[i] > x else []
+            j = bisect.bisect_right(prepared_starts, c)
+            later += [p for p in prepared[j:bisect.bisect_left(prepared_starts, told)]
+                      if (INF if p.end is None else p.end) > x]
+            for t in later:
+                e = INF if t.end is None else t.end
+                if e > x:
+                    x = e
+                    why = (f"txn {t.tid} ({t.behaviour}) began {t.start - c:.3f} s after its commit, before a "
+                           f"reading of relay{slot if slot is not None else '?'} reached its id")
         f = failures.get(r.uid)
         if f and f[-1] + retry_allowance(len(f)) > x:
             x = f[-1] + retry_allowance(len(f))

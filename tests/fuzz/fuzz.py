@@ -305,7 +305,7 @@ class Fuzz:
         failures, bad = self.receiver.snapshot() if self.receiver else ({}, [])
         res = check(self.ledger, lines, now, budget=self.args.latency, final=final, relay_exits=self.relay_exits,
                     bad_lines=list(self.tailer.bad_lines) + bad, shrunk=self.tailer.shrunk(), table_uids=table_uids,
-                    lanes=lanes, failures=failures, dead=self.dead)
+                    lanes=lanes, failures=failures, dead=self.dead, readings=self.tailer.readings_snapshot())
         chaos_v = []
         if self.chaos:
             from checker import Violation
@@ -489,6 +489,14 @@ class Fuzz:
         if v.kind in ("late", "missing") and v.uids and v.uids[0] in rows:
             lane, later = self.later_writers(v.uids[0], rows, txns, first)
             r = rows[v.uids[0]]
+            # The relays' readings of the writers around its commit (their debug lines).
+            for slot in sorted({q.slot for q in self.tailer.readings_snapshot()}):
+                near = [q for q in self.tailer.readings_snapshot()
+                        if q.slot == slot and r.txn.end - 0.3 <= q.hi <= r.txn.end + 1.0]
+                shown = ", ".join(f"{L.rel(q.hi)} (.{q.generation}, last id {q.last_id}"
+                                  f"{'' if q.cache == 1 else f', cache {q.cache}'})" for q in near[:12])
+                out.append(f"    relay{slot}'s readings seen {L.rel(r.txn.end - 0.3)}..{L.rel(r.txn.end + 1.0)}: "
+                           f"{len(near)}{': ' + shown if shown else ''}{' ...' if len(near) > 12 else ''}")
             if later:
                 last_end = max((t.end or mono()) for t in later)
                 f = first.get(r.uid)

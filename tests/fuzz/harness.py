@@ -100,7 +100,8 @@ class RelaySlot:
                       "backoff": {"initial": "100ms", "max": "2s"}, "instance_id": f"fuzz-relay-{index}",
                       "writer_hold_warning": "5s"},
             "http": {"enabled": False},
-            "log": {"level": "info"},
+            # debug: every reading of the writers is logged (the tailer keeps them as Reading).
+            "log": {"level": "debug"},
             "sinks": [{"name": "audit", "type": "file", "path": str(self.sink_path)}],
         }
         self.sink = "file"
@@ -203,6 +204,18 @@ class SinkLine:
         self.rec, self.file, self.index, self.lo, self.hi = rec, file, index, lo, hi
 
 
+class Reading:
+    """A relay's reading of the writers (its debug line "writers read"). The line was written after
+    lo (the start of the previous read of the log, which did not see it) and before hi (the end of
+    the read that did); the reading came before the line. A writer that began after hi took the
+    table's lock after the reading, so it drew only ids above last_id, and the relay knows it."""
+    __slots__ = ("lo", "hi", "slot", "generation", "last_id", "cache")
+
+    def __init__(self, lo, hi, slot, generation, last_id, cache):
+        self.lo, self.hi, self.slot, self.generation = lo, hi, slot, generation
+        self.last_id, self.cache = last_id, cache
+
+
 class _Followed:
     def __init__(self, path, name, kind, slot=None, generation=None):
         self.path, self.name, self.kind, self.slot, self.generation = path, name, kind, slot, generation
@@ -226,6 +239,7 @@ class Tailer:
         self.logs: list[_Followed] = []
         self.lines: list[SinkLine] = []         # every sink line, in the order read
         self.log_lines: list[tuple] = []        # (monotonic seen, relay name, slot, generation, dict)
+        self.readings: list[Reading] = []       # the relays' readings of the writers, in the order read
         self.bad_lines: list[tuple] = []        # (file, raw) that did not parse
         self.start_time = mono()
         self._stop = threading.Event()
@@ -290,17 +304,24 @@ class Tailer:
                 self.lines.extend(new)
                 f.horizon = t_before
         for f in logs:
-            raws, _, t_after = self._read(f)
-            new = []
+            lo = f.prev_read_start if f.prev_read_start is not None else self.start_time
+            raws, t_before, t_after = self._read(f)
+            f.prev_read_start = t_before
+            new, readings = [], []
             for raw in raws:
                 try:
                     d = json.loads(raw)
                 except ValueError:
                     d = {"msg": raw.decode(errors="replace")[:500]}
+                if d.get("msg") == "writers read":
+                    readings.append(Reading(lo, t_after, f.slot, f.generation, d.get("last_id", -1),
+                                            d.get("sequence_cache", 1)))
+                    continue
                 new.append((t_after, f.name, f.slot, f.generation, d))
-            if new:
+            if new or readings:
                 with self.lock:
                     self.log_lines.extend(new)
+                    self.readings.extend(readings)
 
     def _run(self, max_seconds=4 * 3600):
         deadline = mono() + max_seconds
@@ -314,6 +335,10 @@ class Tailer:
     def snapshot(self):
         with self.lock:
             return list(self.lines), list(self.log_lines)
+
+    def readings_snapshot(self):
+        with self.lock:
+            return list(self.readings)
 
     def horizon(self) -> float:
         """A time before which every complete sink line has been read: the earliest start of the

@@ -7,8 +7,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from checker import check  # noqa: E402
-from harness import SinkLine  # noqa: E402
+from checker import READING_CAP, check  # noqa: E402
+from harness import Reading, SinkLine  # noqa: E402
 from ledger import Ledger, Truncate  # noqa: E402
 
 
@@ -162,3 +162,32 @@ def test_a_writer_that_began_in_a_stop_window_after_the_commit_holds_it_whatever
     assert kinds(check(L, lines, now=20.0)) == []   # no reading between a's commit and 2.8: p may hold a
     w.start, w.end, w.release_at = 0.2, 0.4, 0.4    # a stop over before a's commit: p cannot
     assert kinds(check(L, lines, now=20.0)) == ["late"]
+
+
+def test_a_writer_that_began_before_the_relays_next_reading_holds_it_at_most_reading_cap():
+    L = Ledger()
+    hold = txn(L, "fastpath", 0.5, 3.0)             # open at a's commit: a waits for it
+    row(L, hold, "h", "H", 1)
+    a = row(L, txn(L, "x", 1.0, 1.5), "a", "K", 2)
+    later = txn(L, "prepared", 1.8, 6.0)            # began 0.3 s after a's commit
+    row(L, later, "p", "K", 3)
+    lines = [line(L.rows["h"], "relay0", 0, 3.0, 3.01), line(a, "relay0", 1, 6.1, 6.11),
+             line(L.rows["p"], "relay0", 2, 6.1, 6.11)]
+    # Without the relays' readings, a later writer is told apart at once: a is late.
+    assert kinds(check(L, lines, now=20.0)) == ["late"]
+    # relay0 (which delivered a) read at 1.6 with a last id below a's, then not before 1.9: the
+    # writer that began at 1.8 cannot be told from one open at a's commit.
+    readings = [Reading(1.59, 1.6, 0, 1, 1, 1), Reading(1.88, 1.9, 0, 1, 3, 1)]
+    assert kinds(check(L, lines, now=20.0, readings=readings)) == []
+    # A reading at 1.7 reached a's id: the writer began after it, and a is late again.
+    readings = [Reading(1.69, 1.7, 0, 1, 2, 1)] + readings[1:]
+    assert kinds(check(L, lines, now=20.0, readings=readings)) == ["late"]
+    # Another relay's reading does not count, nor one while ids were cached.
+    readings = [Reading(1.69, 1.7, 1, 1, 2, 1), Reading(1.69, 1.7, 0, 1, 2, 8), Reading(1.88, 1.9, 0, 1, 3, 1)]
+    assert kinds(check(L, lines, now=20.0, readings=readings)) == []
+    # No reading at all: a writer that began within READING_CAP of the commit holds it, one that
+    # began later does not (the relay should have read by then).
+    later.start = 1.5 + READING_CAP - 0.1
+    assert kinds(check(L, lines, now=20.0, readings=[])) == []
+    later.start = 1.5 + READING_CAP + 0.1
+    assert kinds(check(L, lines, now=20.0, readings=[])) == ["late"]

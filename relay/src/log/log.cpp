@@ -66,6 +66,8 @@ std::string redact_locked(std::string text) {
 
 void set_level(Level level) { g_level = level; }
 
+bool enabled(Level level) { return level >= g_level.load(std::memory_order_relaxed); }
+
 bool parse_level(std::string_view text, Level& level) {
   for (Level l : {Level::kDebug, Level::kInfo, Level::kWarn, Level::kError}) {
     if (text == level_name(l)) {

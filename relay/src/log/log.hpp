@@ -10,6 +10,8 @@ namespace outbox::log {
 enum class Level { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 
 void set_level(Level level);
+// Whether a line of this level is written (to skip building the fields of one that is not).
+bool enabled(Level level);
 // Accepts debug|info|warn|error. False for anything else.
 bool parse_level(std::string_view text, Level& level);
 // Masks value (and its percent-encoded form) in every later line. Values shorter than 4

@@ -51,6 +51,14 @@ void PgStore::Impl::read_writers(pqxx::nontransaction& tx, std::chrono::steady_c
     reading.writers.push_back(std::move(w));
   }
   sequence_cache_seen(reading.sequence_cache, now);
+  // At debug level, every reading: tests/fuzz tells from these which writers a relay could not
+  // yet tell from those open at an event's commit (a writer first seen by a reading is known to
+  // have drawn only ids above the last id of the reading before).
+  if (log::enabled(log::Level::kDebug)) {
+    log::debug("writers read", {{"last_id", reading.last_id},
+                                {"writers", reading.writers.size()},
+                                {"sequence_cache", reading.sequence_cache}});
+  }
   state.writers_read(now, reading);
 }
 
