@@ -55,6 +55,11 @@ tests/ops/check-helm.sh
 echo "== container image: the Dockerfile built with buildah (no Docker daemon) and run"
 tests/image/check.sh
 
+echo "== the OpenTelemetry Collector that tests/integration/test_spans.py exports the relay's spans to"
+# Built from the Go module proxy (tests/ops/otelcol, collector v0.161.0): about 5 minutes on a cold
+# Go cache on 2 cores, then cached in ~/.cache/outbox-relay/otelcol (the fixture reuses it).
+tests/ops/build-otelcol.sh
+
 venv="${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}"
 echo "== the ordering fuzzer: writer behaviours, relay kills and Postgres restarts for 80 s, a fresh seed"
 # tests/fuzz/README.md; a failure prints the seed and the history that shows it. Its own checker's

@@ -194,6 +194,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         return cap
     first_hi = {uid: min(x.hi for x in lst) for uid, lst in occ.items()}
     rel, reason = {}, {}
+    held_later = set()    # events a writer that began after their commit holds (the reading rule)
     for r in crow:
         c = r.txn.end
         x = c
@@ -229,6 +230,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
                 e = INF if t.end is None else t.end
                 if e > x:
                     x = e
+                    held_later.add(r.uid)
                     why = (f"txn {t.tid} ({t.behaviour}) began {t.start - c:.3f} s after its commit, before a "
                            f"reading of relay{slot if slot is not None else '?'} reached its id")
         f = failures.get(r.uid)
@@ -461,5 +463,6 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         "duplicates": sum(len(lst) - 1 for lst in occ.values()),
         "late": late_n, "missing": missing_n, "order_pairs": order_n,
         "epochs": ledger.epoch + 1,
+        "readings": len(readings or ()), "held_by_later_writers": len(held_later),
     }
     return res

@@ -553,6 +553,8 @@ class Fuzz:
               f"({st['lines']} lines, {st['duplicates']} duplicates); epochs {st['epochs']}; failed webhook "
               f"attempts {st['attempts_failed']}; dead-lettered {st['dead_lettered']} (keys over 2,600 bytes: "
               f"{st['dead_lettered_long_key']})")
+        print(f"fuzz: the relays' readings of the writers seen {st['readings']}; events held by a writer that began "
+              f"after their commit, before the next reading: {st['held_by_later_writers']}")
         runs = L.behaviour_runs
         print("fuzz: behaviours: " + ", ".join(f"{k} {runs.get(k, 0)}" for k in self.enabled))
         print("fuzz: chaos: " + (", ".join(f"{k} {v}" for k, v in self.chaos.counts.items()) or "off"))
