@@ -155,6 +155,6 @@ std::string table_option(const std::string& value);
 // and type (the registry's describe() adds each type's settings).
 nlohmann::json describe(const Config& config);
 // The tracing section alone, header values masked (config_diff compares it as one restart key).
-nlohmann::json describe(const TracingConfig& tracing);
+nlohmann::json describe(const TracingConfig& c);
 
 }  // namespace outbox::config
