@@ -551,12 +551,12 @@ def parse_extra(fragment: str):
 
 
 def write_relay_config(path: Path, sink: Path, http_port: int | None, relay: dict, extra: str = "",
-                       log_level="info", pinned=(), fsync=True, table: str | None = None) -> Path:
+                       log_level="info", pinned=(), fsync=True, table: str | None = None, tracing: str = "") -> Path:
     """YAML without database.url (the relay reads DATABASE_URL); `table` the outbox table if not
     outbox_events. `extra` lines go into relay:
     and replace keys of `relay` with the same name, except the `pinned` keys (a measurement's
     premise, e.g. sweep_interval 1h of the bursty test), whose one-line settings in `extra` are
-    dropped."""
+    dropped. `tracing`: lines of a tracing: section (as `extra`), none when empty."""
     extra_lines, extra_keys = parse_extra(extra)
     for k in pinned:
         if k in extra_keys:
@@ -572,6 +572,8 @@ def write_relay_config(path: Path, sink: Path, http_port: int | None, relay: dic
         out += ["http:", "  enabled: true", f"  listen: 127.0.0.1:{http_port}"]
     else:
         out += ["http:", "  enabled: false"]
+    if tracing:
+        out += ["tracing:"] + ["  " + line for line in parse_extra(tracing)[0]]
     out += ["log:", f"  level: {log_level}",
             "sinks:", "  - name: bench", "    type: file", f"    path: {json.dumps(str(sink))}", f"    fsync: {'true' if fsync else 'false'}", ""]
     path.write_text("\n".join(out))

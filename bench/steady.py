@@ -101,7 +101,7 @@ class Steady:
         sink.unlink(missing_ok=True)
         port = pc.free_port() if http else None
         cfg = pc.write_relay_config(self.work / f"{name}.yaml", sink, port, self.relay_options(**relay_opts),
-                                    self.a.relay_config_extra, pinned=pinned)
+                                    self.a.relay_config_extra, pinned=pinned, tracing=self.a.relay_tracing)
         tailer = pc.Tailer(sink)
         tailer.start()
         relay = pc.Relay(self.relay_bin, cfg, self.db.relay_env(), self.work / f"{name}.log", port)
@@ -360,7 +360,7 @@ class Steady:
         self.reset()
         sink = self.work / "wakeup-sink.jsonl"
         cfg = pc.write_relay_config(self.work / "wakeup.yaml", sink, None, self.relay_options(),
-                                    a.relay_config_extra)
+                                    a.relay_config_extra, tracing=a.relay_tracing)
         log(f"wakeup latency (outbox-bench latency): {a.wakeup_count} inserts at {a.wakeup_rate:g}/s, idle relay")
         cmd = [bench_bin, "--url", pc.url_without_password(a.url), "latency", "--mode", "relay", "--file", str(sink),
                "--log-file", str(self.work / "wakeup-relay.log"), "--count", str(a.wakeup_count),
@@ -452,6 +452,7 @@ def print_report(doc, a):
            f"PostgreSQL {m['postgres']} (fsync {m['postgres_fsync']}, synchronous_commit {m['synchronous_commit']}), "
            f"{m['nproc']} CPUs. Relay: file sink (fsync), batch_size {a.batch_size}"
            + (f", extra config `{a.relay_config_extra}`" if a.relay_config_extra else "")
+           + (f", tracing `{a.relay_tracing}`" if a.relay_tracing else "")
            + f"; triggers on outbox_events: {', '.join(doc['setup']['triggers']) or 'none'}.", ""]
     rows = []
     for rate, d in s["paced"].items():
@@ -587,6 +588,9 @@ def main():
     ap.add_argument("--relay-config-extra", default="",
                     help="YAML merged into the relay: section (its keys replace ours), e.g. 'poll_interval: 5ms', "
                          "'{poll_interval: 5ms, idle_poll_interval: 50ms}' or 'a: 1; b: 2'")
+    ap.add_argument("--relay-tracing", default="",
+                    help="the relay's tracing: section, as --relay-config-extra, e.g. "
+                         "'otlp_endpoint: http://127.0.0.1:4318; root_spans: true' (default: none, tracing off)")
     a = ap.parse_args()
     pc.terminate_on_signals()
     a.rates = [int(x) for x in a.rates.split(",") if x.strip()]

@@ -150,3 +150,32 @@ sinks:
     for secret in ("hunter2-db", "kafka-pass-1", "nats-pass-2", "rabbit-pass-3", "redis-pass-4", "hook-pass-5",
                    "query-pass-6"):
         assert secret not in proc.stdout + proc.stderr, secret
+
+
+def test_tracing_keys_are_checked_and_their_headers_masked(workdir):
+    """Issue 46, part 3: the tracing: section. Off by default; a valid one passes, its collector
+    headers masked in --print; a bad value names its key and line."""
+    proc = check(workdir, VALID, "--print")
+    assert json.loads(proc.stdout)["tracing"]["otlp_endpoint"] == "off"
+    traced = VALID + """\
+tracing:
+  otlp_endpoint: https://otel.example.com:4318
+  headers: {Authorization: "Bearer otel-secret-token"}
+  timeout: 1s
+  batch_size: 100
+  root_spans: true
+"""
+    proc = check(workdir, traced, "--print")
+    assert proc.returncode == 0, proc.stderr
+    tracing = json.loads(proc.stdout)["tracing"]
+    assert tracing["otlp_endpoint"] == "https://otel.example.com:4318"
+    assert tracing["headers"] == {"Authorization": "*****"} and tracing["batch_size"] == 100
+    assert "otel-secret-token" not in proc.stdout + proc.stderr
+    for fragment, expected in (
+            ("tracing:\n  otlp_endpoint: udp://c:4317\n", "line 2: tracing.otlp_endpoint: expected an http://"),
+            ("tracing:\n  queue_size: 10\n  batch_size: 20\n", "line 3: tracing.batch_size: must not be larger"),
+            ("tracing:\n  timeout: forever\n", "line 2: tracing.timeout"),
+            ("tracing:\n  sampler: always\n", "line 2: tracing.sampler: unknown key")):
+        proc = check(workdir, fragment + f"database: {{url: {URL}}}\nsinks: [{{name: out, type: stdout}}]\n")
+        assert proc.returncode == 2, (fragment, proc.stdout, proc.stderr)
+        assert expected in proc.stderr, (fragment, proc.stderr)

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "version.hpp"
+
 namespace outbox::app {
 
 LoopOptions loop_options(const config::Config& config) {
@@ -48,6 +50,12 @@ pg::WatchOptions watch_options(const config::Config& config) {
   // a drain per idle_poll_interval at most.
   o.notify_every = config.relay.idle_poll_interval;
   return o;
+}
+
+tracing::ExporterOptions exporter_options(const config::Config& config, const std::string& instance_id) {
+  const config::TracingConfig& t = config.tracing;
+  return {t.otlp_endpoint, t.headers,         t.timeout,    t.queue_size,
+          t.batch_size,    t.export_interval, t.root_spans, {t.service_name, instance_id, kVersion}};
 }
 
 }  // namespace outbox::app

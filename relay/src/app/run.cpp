@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <future>
+#include <memory>
 #include <random>
 #include <regex>
 #include <thread>
@@ -123,6 +124,14 @@ int run_relay(const config::Config& config, const ConfigSource& source) {
   auto jitter = [&] { return uniform(rng); };  // loop thread only
 
   RelayLoop loop(store, first.sinks, *first.router, clock, metrics, loop_options(config), jitter);
+  // The relay's spans: only with tracing.otlp_endpoint (off, nothing is made and the loop builds
+  // no span). Declared after the loop's borrowings and before the runner: it outlives the loop's
+  // last batch and sends what is queued when run_relay returns (bounded by tracing.timeout).
+  std::unique_ptr<tracing::OtlpExporter> exporter;
+  if (config.tracing.enabled()) {
+    exporter = std::make_unique<tracing::OtlpExporter>(exporter_options(config, instance_id), metrics);
+    loop.trace_to(exporter.get());
+  }
   Runner runner(loop, store, bell, clock, metrics, health, runner_options(config), jitter);
   Reloader reloader(source, std::move(first), runner, bell, ops);
 

@@ -131,6 +131,50 @@ HttpConfig parse_http(Section& s) {
   return c;
 }
 
+TracingConfig parse_tracing(Section& s) {
+  TracingConfig c;
+  c.otlp_endpoint = s.string_or("otlp_endpoint", "");
+  // Credentials belong in headers (secret), never in the URL (which is logged).
+  static const std::regex kEndpoint("https?://[^/@?#\\s]+(/[^?#\\s]*)?");
+  if (!c.otlp_endpoint.empty() && !std::regex_match(c.otlp_endpoint, kEndpoint)) {
+    throw ConfigError(s.key_path("otlp_endpoint") +
+                      ": expected an http:// or https:// URL such as http://127.0.0.1:4318 (no user or password: "
+                      "put credentials in tracing.headers), got '" +
+                      c.otlp_endpoint + "'");
+  }
+  static const std::regex kHeaderName("[A-Za-z0-9!#$%&'*+.^_`|~-]+");
+  for (auto& [name, value] : s.string_map("headers")) {
+    const std::string key = s.key_path("headers") + "." + name;
+    if (!std::regex_match(name, kHeaderName)) {
+      throw ConfigError(key + ": not a valid HTTP header name (letters, digits and !#$%&'*+-.^_`|~ only)");
+    }
+    if (value.find_first_of(std::string("\r\n\0", 3)) != std::string::npos) {
+      throw ConfigError(key + ": header values must not contain CR, LF or NUL");
+    }
+    if (name.size() == 12 && std::equal(name.begin(), name.end(), "content-type", [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == b;
+        })) {
+      throw ConfigError(key + ": the exporter sets content-type itself (application/json)");
+    }
+    c.headers.emplace(name, std::move(value));
+  }
+  c.timeout = s.duration_or("timeout", c.timeout, std::chrono::milliseconds{10}, std::chrono::milliseconds{60'000});
+  c.queue_size =
+      static_cast<std::size_t>(s.integer_or("queue_size", static_cast<long long>(c.queue_size), 1, 1'000'000));
+  c.batch_size = static_cast<std::size_t>(s.integer_or("batch_size", static_cast<long long>(c.batch_size), 1, 100'000));
+  if (c.batch_size > c.queue_size) {
+    throw ConfigError(s.key_path("batch_size") + ": must not be larger than " + s.key_path("queue_size") + " (" +
+                      std::to_string(c.queue_size) + "), got " + std::to_string(c.batch_size));
+  }
+  c.export_interval = s.duration_or("export_interval", c.export_interval, std::chrono::milliseconds{10},
+                                    std::chrono::milliseconds{60'000});
+  c.service_name = s.string_or("service_name", c.service_name);
+  if (c.service_name.empty()) throw ConfigError(s.key_path("service_name") + ": expected a non-empty name");
+  c.root_spans = s.boolean_or("root_spans", c.root_spans);
+  s.finish();
+  return c;
+}
+
 // A YAML value as JSON, every scalar interpolated (as written where that fails: the sink's own
 // parse names the error) and mappings sorted by key.
 nlohmann::json canonical(const YAML::Node& node, const std::string& key, const EnvLookup& env) {
@@ -241,6 +285,9 @@ Config parse_config(const std::string& yaml_text, const EnvLookup& env, const st
       s->finish();
     }
   });
+  collect_errors(errors, [&] {
+    if (auto s = top.section("tracing")) c.tracing = parse_tracing(*s);
+  });
   std::set<std::string> names;
   std::vector<Section> sinks, routes;
   collect_errors(errors, [&] { sinks = top.section_list("sinks"); });
@@ -314,6 +361,19 @@ Config load_config(const std::string& path, const EnvLookup& env, const std::str
   return parse_config(buf.str(), env, database_url_override);
 }
 
+nlohmann::json describe(const TracingConfig& c) {
+  nlohmann::json headers = nlohmann::json::object();
+  for (const auto& [name, value] : c.headers) headers[name] = "*****";
+  return {{"otlp_endpoint", c.enabled() ? c.otlp_endpoint : "off"},
+          {"headers", headers},
+          {"timeout", format_duration(c.timeout)},
+          {"queue_size", c.queue_size},
+          {"batch_size", c.batch_size},
+          {"export_interval", format_duration(c.export_interval)},
+          {"service_name", c.service_name},
+          {"root_spans", c.root_spans}};
+}
+
 nlohmann::json describe(const Config& c) {
   nlohmann::json sinks = nlohmann::json::array();
   for (const auto& s : c.sinks) sinks.push_back({{"name", s.name}, {"type", s.type}});
@@ -349,6 +409,7 @@ nlohmann::json describe(const Config& c) {
            {{"enabled", c.http.enabled},
             {"listen", c.http.listen},
             {"refresh_interval", format_duration(c.http.refresh_interval)}}},
+          {"tracing", describe(c.tracing)},
           {"sinks", sinks},
           {"routes", routes}};
 }

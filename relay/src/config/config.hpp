@@ -4,6 +4,7 @@
 // structs of the loop, the runner, the store and the listener have no defaults of their own;
 // app/options.hpp builds them from a Config.
 #include <chrono>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -81,6 +82,24 @@ struct HttpConfig {
   std::chrono::milliseconds refresh_interval{10'000};
 };
 
+// The relay's own spans over OTLP/HTTP (docs/operations.md "Tracing"). Off while otlp_endpoint is
+// empty (the default): then the loop builds no span and no exporter thread runs. A restart key:
+// the exporter and its thread are made at start.
+struct TracingConfig {
+  std::string otlp_endpoint;  // http(s)://host:port[/path]; no path: /v1/traces
+  // Sent with every export (e.g. an authorization header of the collector). Secret: never logged.
+  std::map<std::string, std::string> headers;
+  std::chrono::milliseconds timeout{2'000};          // one export (a POST), connect included
+  std::size_t queue_size = 8192;                     // spans waiting for export; more are dropped (counted)
+  std::size_t batch_size = 512;                      // spans per export at most
+  std::chrono::milliseconds export_interval{1'000};  // what waits is exported at least this often
+  std::string service_name = "outbox-relay";         // the resource's service.name
+  // Events without a valid traceparent header: a span of a trace of its own (true), or none.
+  bool root_spans = false;
+
+  bool enabled() const { return !otlp_endpoint.empty(); }
+};
+
 // One entry of `sinks:`. config/ checks its name (unique, used by routes) and keeps the entry as
 // written; the sink registry (sinks/registry.hpp) knows the types and reads the rest.
 struct SinkConfig {
@@ -105,6 +124,7 @@ struct Config {
   RelaySection relay;
   HttpConfig http;
   std::string log_level = "info";
+  TracingConfig tracing;
   std::vector<SinkConfig> sinks;
   std::vector<RouteConfig> routes;
 };
@@ -134,5 +154,7 @@ std::string table_option(const std::string& value);
 // The effective configuration as JSON for the startup log, secrets masked. Sinks show their name
 // and type (the registry's describe() adds each type's settings).
 nlohmann::json describe(const Config& config);
+// The tracing section alone, header values masked (config_diff compares it as one restart key).
+nlohmann::json describe(const TracingConfig& c);
 
 }  // namespace outbox::config

@@ -27,6 +27,17 @@ std::vector<std::pair<std::string, std::string>> restart_values(const Config& c)
       {"relay.idle_watch", c.relay.idle_watch ? "true" : "false"},
       {"relay.retention", c.relay.retention ? d(*c.relay.retention) : "off"},
       {"relay.retention_interval", d(c.relay.retention_interval)},
+      // The exporter and its thread are made at start, and the loop holds it: a restart changes
+      // it. The headers are compared by value (a rotated collector token needs the restart), and
+      // only the key's name is ever logged.
+      {"tracing.otlp_endpoint", c.tracing.otlp_endpoint},
+      {"tracing.headers", nlohmann::json(c.tracing.headers).dump()},
+      {"tracing.timeout", d(c.tracing.timeout)},
+      {"tracing.queue_size", std::to_string(c.tracing.queue_size)},
+      {"tracing.batch_size", std::to_string(c.tracing.batch_size)},
+      {"tracing.export_interval", d(c.tracing.export_interval)},
+      {"tracing.service_name", c.tracing.service_name},
+      {"tracing.root_spans", c.tracing.root_spans ? "true" : "false"},
   };
 }
 
@@ -88,6 +99,7 @@ ConfigDiff diff_configs(const Config& before, const Config& after) {
 Config keep_restart_keys(const Config& before, Config after) {
   after.database = before.database;
   after.http = before.http;
+  after.tracing = before.tracing;
   auto& r = after.relay;
   const auto& b = before.relay;
   r.instance_id = b.instance_id;

@@ -22,6 +22,8 @@ struct Event {
                                         // time the relay can carry (infinity): dead-lettered
   std::int64_t created_at_us = 0;       // microseconds since the Unix epoch
   int attempts = 0;                     // failed attempts so far
+  std::int64_t claimed_at_us = 0;       // when the relay claimed it (us since the Unix epoch), read only
+                                        // while tracing is on (RelayLoop::trace_to); else 0
   std::vector<std::string> sinks_done;  // sinks that already acknowledged this event
 };
 

@@ -178,6 +178,10 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
     retry_due_.erase(retry_due_.begin(), retry_due_.upper_bound(now));  // a poll may skip due retries
   }
   metrics_.claimed(events.size(), seconds_between(now, clock_.now()));
+  if (spans_ != nullptr) [[unlikely]] {
+    const auto claimed_us = clock_.wall_us();  // a span starts at its event's claim
+    for (Event& e : events) e.claimed_at_us = claimed_us;
+  }
   return events;
 }
 
@@ -437,7 +441,42 @@ void RelayLoop::publish(Batch& batch) {
         case OutcomeKind::kDeferred: verdict.deferred = true; break;
       }
     }
+    if (spans_ != nullptr) [[unlikely]] {
+      trace(sink, batch, batch.per_sink_index[s], outcomes, ack_us);
+    }
   }
+}
+
+void RelayLoop::trace(const Sink& sink, const Batch& batch, const std::vector<std::size_t>& index,
+                      const std::vector<Outcome>& outcomes, std::int64_t ack_us) const {
+  std::vector<SendSpan> spans;
+  for (std::size_t k = 0; k < outcomes.size(); ++k) {
+    const Outcome& outcome = outcomes[k];
+    if (outcome.kind == OutcomeKind::kDeferred) continue;  // not attempted: no send to show
+    // The row as claimed, not the copy without the sink's reserved headers.
+    const Event& event = batch.events[index[k]];
+    const auto parent = event_trace_parent(event);
+    // An unsampled parent: the writer's trace is not being recorded, so neither is this span.
+    if (parent ? !parent->sampled : !spans_->root_spans()) continue;
+    SendSpan& span = spans.emplace_back();
+    if (parent) {
+      span.trace_id = parent->trace_id;
+      span.parent_span_id = parent->span_id;
+    }
+    span.start_us = event.claimed_at_us;
+    span.end_us = ack_us;
+    span.created_at_us = event.created_at_us;
+    span.event_id = event.id;
+    span.attempt = event.attempts + 1;
+    span.system = sink.messaging_system();
+    span.destination = sink.destination(event);
+    span.sink = sink.name();
+    if (outcome.kind != OutcomeKind::kDelivered) {
+      span.failed = true;
+      span.error = outcome.reason;
+    }
+  }
+  if (!spans.empty()) spans_->submit(spans);
 }
 
 void RelayLoop::retry_unsettled(Batch& batch, const std::string& why) {

@@ -18,6 +18,7 @@
 #include "core/router.hpp"
 #include "core/sink.hpp"
 #include "core/store.hpp"
+#include "core/tracing.hpp"
 
 namespace outbox {
 
@@ -102,6 +103,11 @@ class RelayLoop {
 
   const LoopOptions& options() const { return options_; }
 
+  // Spans of every send from now on go to `spans` (borrowed: it must outlive the loop); nullptr:
+  // none, the default. Off, the loop's whole cost is one branch per claim and one per sink call:
+  // no clock read, allocation or header lookup per event. Call before the loop runs.
+  void trace_to(SpanSink* spans) { spans_ = spans; }
+
   // A reload (app/reload.hpp): the sinks, router and options from the next batch on. Call on the
   // loop's thread with nothing in flight only: between drains, or from DrainControl::pause. The
   // old sinks and router are not used after this returns. Outcomes not yet written are kept: they
@@ -130,6 +136,10 @@ class RelayLoop {
   // `held_out`: the keys of events neither delivered nor dead-lettered (retried or released).
   std::vector<Completion> settle(Batch& batch, BatchResult& result, KeyHolds& held_out);
   void hand_back(std::vector<Event>& events);  // releases claimed events, unpublished
+  // The spans of one sink call (spans_ set): one per attempted event, in the trace of the row's
+  // traceparent. `outcomes` are the sink's for `events`, the batch's indexes in `index`.
+  void trace(const Sink& sink, const Batch& batch, const std::vector<std::size_t>& index,
+             const std::vector<Outcome>& outcomes, std::int64_t ack_us) const;
 
   Store& store_;
   std::vector<Sink*> sinks_;
@@ -145,6 +155,7 @@ class RelayLoop {
   Clock::SteadyTime delayed_since_{};           // when the first of delayed_outcomes_ was left
   std::multiset<Clock::SteadyTime> retry_due_;  // bounded; see kMaxTrackedRetries
   std::set<std::string> warned_headers_;        // "sink\nheader" warned about (publish's thread)
+  SpanSink* spans_ = nullptr;                   // trace_to(); null: tracing off
   DrainPipeline pipeline_;                      // last: its helpers stop before anything above goes away
 };
 

@@ -12,6 +12,10 @@ namespace outbox {
 // waits for the loop to take it (app/reload.hpp).
 enum class WakeSource { kNotify, kPoll, kSweep, kRetry, kStartup, kWatch, kReload };
 
+// Why spans of the relay's own tracing were dropped (docs/operations.md "Tracing"): the exporter's
+// queue was full, or the collector did not take a batch (down, slow, or answering an error).
+enum class SpanDrop { kQueueFull, kExportFailed };
+
 class Metrics {
  public:
   virtual ~Metrics() = default;
@@ -33,6 +37,9 @@ class Metrics {
   virtual void writers_holding(std::size_t /*events*/, double /*oldest_writer_seconds*/) {}
   // How many ids the id sequence hands a session at a time (Health::sequence_cache; 0: not read).
   virtual void sequence_cache(long long /*ids*/) {}
+  // The relay's spans (tracing/otlp_exporter.hpp), from the exporter's thread and the loop's.
+  virtual void spans_exported(std::size_t /*spans*/) {}
+  virtual void spans_dropped(SpanDrop /*reason*/, std::size_t /*spans*/) {}
 };
 
 }  // namespace outbox

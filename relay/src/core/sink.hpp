@@ -61,6 +61,12 @@ class Sink {
   // sets itself, or one its broker acts on (docs/sinks.md, "Reserved headers"). Any case. The
   // loop drops such headers before publish(), warns and counts them; a sink may rely on it.
   virtual bool reserves_header(std::string_view name) const { return is_outbox_header(name); }
+  // For the relay's spans (core/tracing.hpp), read only while tracing is on: OpenTelemetry's
+  // messaging.system (its value where the semantic conventions list one, else the sink type; a
+  // static string), and messaging.destination.name of an event: where this sink sends it (the
+  // rendered topic, subject, exchange or stream; the webhook URL's path). Default: the row's topic.
+  virtual const char* messaging_system() const { return "outbox-relay"; }
+  virtual std::string destination(const Event& event) const { return event.topic; }
 };
 
 // What every sink shares: the name it was configured under, set once. A sink owns connections,

@@ -167,6 +167,20 @@ struct PrometheusMetrics::Impl {
                                  .Register(registry);
   Counter* reloads_ok = nullptr;
   Counter* reloads_error = nullptr;
+  Counter& spans_exported = prometheus::BuildCounter()
+                                .Name("outbox_relay_spans_exported_total")
+                                .Help("Spans of the relay's sends the OTLP collector accepted (tracing.otlp_endpoint)")
+                                .Register(registry)
+                                .Add({});
+  Family<Counter>& spans_dropped =
+      prometheus::BuildCounter()
+          .Name("outbox_relay_spans_dropped_total")
+          .Help(
+              "Spans of the relay's sends not exported: queue_full (more spans than tracing.queue_size waited), "
+              "export_failed (the collector was away, slow or answered an error; never retried)")
+          .Register(registry);
+  Counter& spans_queue_full = spans_dropped.Add({{"reason", "queue_full"}});
+  Counter& spans_export_failed = spans_dropped.Add({{"reason", "export_failed"}});
   Counter& retention = prometheus::BuildCounter()
                            .Name("outbox_relay_retention_deleted_total")
                            .Help("Processed rows deleted by relay.retention")
@@ -289,6 +303,17 @@ void PrometheusMetrics::writers_holding(std::size_t events, double oldest_writer
 }
 
 void PrometheusMetrics::sequence_cache(long long ids) { impl_->sequence_cache.Set(static_cast<double>(ids)); }
+
+void PrometheusMetrics::spans_exported(std::size_t spans) {
+  impl_->spans_exported.Increment(static_cast<double>(spans));
+}
+
+void PrometheusMetrics::spans_dropped(SpanDrop reason, std::size_t spans) {
+  switch (reason) {
+    case SpanDrop::kQueueFull: impl_->spans_queue_full.Increment(static_cast<double>(spans)); return;
+    case SpanDrop::kExportFailed: impl_->spans_export_failed.Increment(static_cast<double>(spans)); return;
+  }
+}
 
 void PrometheusMetrics::backlog(const BacklogGauges& values) {
   impl_->pending.Set(static_cast<double>(values.pending));

@@ -45,6 +45,8 @@ class PrometheusMetrics final : public Metrics {
   void lanes_owned(int count) override;
   void writers_holding(std::size_t events, double oldest_writer_seconds) override;
   void sequence_cache(long long ids) override;
+  void spans_exported(std::size_t spans) override;
+  void spans_dropped(SpanDrop reason, std::size_t spans) override;
 
   // A reload's new sinks: their series are created at 0 (those of removed sinks stay, with their
   // last values).

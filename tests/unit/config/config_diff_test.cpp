@@ -117,3 +117,26 @@ TEST_CASE("a sink's fingerprint changes with any value of its entry, not with th
   CHECK(a.sinks[0].fingerprint == b.sinks[0].fingerprint);
   CHECK(a.sinks[0].fingerprint != c.sinks[0].fingerprint);
 }
+
+TEST_CASE("tracing.* needs a restart: each changed key is named, the running tracing kept") {
+  const std::string base = "database: {url: postgresql://h/app}\nsinks:\n  - {name: a, type: file, path: /tmp/a}\n";
+  const auto traced = [&](const std::string& token) {
+    return parse(base + R"(
+tracing:
+  otlp_endpoint: http://127.0.0.1:4318
+  headers: { Authorization: "Bearer ${TOKEN}" }
+  batch_size: 100
+)",
+                 {{"TOKEN", token}});
+  };
+  const auto before = parse(base);
+  const auto after = traced("t1");
+  const auto d = diff_configs(before, after);
+  CHECK(d.restart_keys == Names{"tracing.otlp_endpoint", "tracing.headers", "tracing.batch_size"});
+  CHECK(d.changed.empty());
+  const auto kept = keep_restart_keys(before, after);
+  CHECK_FALSE(kept.tracing.enabled());
+  CHECK(diff_configs(before, kept).restart_keys.empty());
+  // A rotated header value is a change, though only the key's name is ever shown.
+  CHECK(diff_configs(after, traced("t2")).restart_keys == Names{"tracing.headers"});
+}

@@ -261,3 +261,58 @@ TEST_CASE("config check: every error is collected, and each gets the line of its
   CHECK(outbox::config::with_line(yaml, "--table: bad") == "--table: bad");
   CHECK_THROWS_AS(parse_config(yaml, env_of({})), ConfigError);  // without a list: the first error throws
 }
+
+TEST_CASE("tracing: off by default; every key read, checked and described with the headers masked") {
+  const std::string base = "database: {url: postgresql://h/app}\nsinks:\n  - {name: a, type: file, path: /tmp/a}\n";
+  const auto off = parse_config(base, env_of());
+  CHECK_FALSE(off.tracing.enabled());
+  CHECK(off.tracing.queue_size == 8192);
+  CHECK(off.tracing.batch_size == 512);
+  CHECK(off.tracing.timeout == milliseconds{2'000});
+  CHECK(off.tracing.export_interval == milliseconds{1'000});
+  CHECK(off.tracing.service_name == "outbox-relay");
+  CHECK_FALSE(off.tracing.root_spans);
+  CHECK(describe(off)["tracing"]["otlp_endpoint"] == "off");
+
+  const auto on = parse_config(base + R"(
+tracing:
+  otlp_endpoint: https://otel.example.com:4318
+  headers: { Authorization: "Bearer ${TOKEN}" }
+  timeout: 500ms
+  queue_size: 1000
+  batch_size: 100
+  export_interval: 250ms
+  service_name: orders-relay
+  root_spans: true
+)",
+                               env_of({{"TOKEN", "sekret-token"}}));
+  CHECK(on.tracing.enabled());
+  CHECK(on.tracing.otlp_endpoint == "https://otel.example.com:4318");
+  CHECK(on.tracing.headers.at("Authorization") == "Bearer sekret-token");
+  CHECK(on.tracing.timeout == milliseconds{500});
+  CHECK(on.tracing.queue_size == 1000);
+  CHECK(on.tracing.batch_size == 100);
+  CHECK(on.tracing.export_interval == milliseconds{250});
+  CHECK(on.tracing.service_name == "orders-relay");
+  CHECK(on.tracing.root_spans);
+  const std::string text = describe(on).dump();
+  CHECK(text.find("sekret-token") == std::string::npos);
+  CHECK(describe(on)["tracing"]["headers"]["Authorization"] == "*****");
+}
+
+TEST_CASE("tracing: bad values name their key") {
+  const std::string base = "database: {url: postgresql://h/app}\nsinks:\n  - {name: a, type: file, path: /tmp/a}\n";
+  const auto err = [&](const std::string& tracing) { return error_of(base + "tracing:\n" + tracing); };
+  CHECK(err("  otlp_endpoint: grpc://c:4317\n").rfind("tracing.otlp_endpoint: expected an http:// or https://", 0) ==
+        0);
+  CHECK(err("  otlp_endpoint: http://user:pw@c:4318\n").rfind("tracing.otlp_endpoint:", 0) == 0);
+  CHECK(err("  headers: {\"bad name\": x}\n").rfind("tracing.headers.bad name:", 0) == 0);
+  CHECK(err("  headers: {Content-Type: text/plain}\n").rfind("tracing.headers.Content-Type:", 0) == 0);
+  CHECK(err("  timeout: 0ms\n").rfind("tracing.timeout:", 0) == 0);
+  CHECK(err("  queue_size: 0\n").rfind("tracing.queue_size:", 0) == 0);
+  CHECK(err("  queue_size: 10\n  batch_size: 11\n").rfind("tracing.batch_size: must not be larger", 0) == 0);
+  CHECK(err("  export_interval: 2h\n").rfind("tracing.export_interval:", 0) == 0);
+  CHECK(err("  service_name: ''\n").rfind("tracing.service_name:", 0) == 0);
+  CHECK(err("  root_spans: maybe\n").rfind("tracing.root_spans:", 0) == 0);
+  CHECK(err("  sampler: always\n").find("tracing.sampler") != std::string::npos);
+}

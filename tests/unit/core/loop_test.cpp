@@ -875,3 +875,85 @@ TEST_CASE("events a pipelined batch released are claimed again from the start th
   CHECK(f.store.claims == 3);  // a claim from the start after event 1's release is written
   CHECK(f.store.floors.back() == 0);
 }
+
+namespace {
+
+class RecordingSpans final : public SpanSink {
+ public:
+  void submit(std::vector<SendSpan>& in) override {
+    ++submits;
+    for (auto& s : in) spans.push_back(std::move(s));
+    in.clear();
+  }
+  bool root_spans() const override { return roots; }
+  std::vector<SendSpan> spans;
+  int submits = 0;
+  bool roots = false;
+};
+
+Event traced(EventId id, const std::string& traceparent, std::string key = "k") {
+  Event e = event(id, std::move(key));
+  e.headers_json = R"({"traceparent":")" + traceparent + R"("})";
+  return e;
+}
+
+const std::string kSampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const std::string kUnsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+
+}  // namespace
+
+TEST_CASE("tracing: a span per attempted event in the row's trace, from claim to acknowledgement") {
+  Fixture f;
+  RecordingSpans spans;
+  f.a.script[2] = Outcome::retry("HTTP 503: maintenance");
+  f.a.script[3] = Outcome::deferred();  // the sink did not try it: no send, no span
+  Event retried = traced(4, kSampled, "other");
+  retried.attempts = 2;
+  f.store.batches.push_back({traced(1, kSampled), traced(2, kSampled, "j"), traced(3, kSampled, "j"), retried,
+                             traced(5, kUnsampled), event(6), traced(7, "not-a-traceparent")});
+  auto loop = f.one_sink();
+  loop.trace_to(&spans);
+  f.clock.wall = 2'000'000;  // the claim and the acknowledgement read the same fake clock
+  loop.run_once();
+  // 5 has an unsampled parent; 6 and 7 no valid one.
+  REQUIRE(spans.spans.size() == 3);
+  CHECK(spans.submits == 1);  // one hand-over per sink call
+  const SendSpan& first = spans.spans[0];
+  CHECK(first.event_id == 1);
+  CHECK(first.trace_id == parse_traceparent(kSampled)->trace_id);
+  CHECK(first.parent_span_id == parse_traceparent(kSampled)->span_id);
+  CHECK(first.start_us == 2'000'000);
+  CHECK(first.end_us == 2'000'000);
+  CHECK(first.created_at_us == 500'000);
+  CHECK(first.attempt == 1);
+  CHECK(first.sink == "a");
+  CHECK(std::string(first.system) == "outbox-relay");  // the Sink default
+  CHECK(first.destination == "order.paid");
+  CHECK_FALSE(first.failed);
+  const SendSpan& failed = spans.spans[1];
+  CHECK(failed.event_id == 2);
+  CHECK(failed.failed);
+  CHECK(failed.error == "HTTP 503: maintenance");
+  CHECK(spans.spans[2].event_id == 4);
+  CHECK(spans.spans[2].attempt == 3);
+}
+
+TEST_CASE("tracing: root spans for rows without a valid traceparent only when asked; off, no span") {
+  Fixture f;
+  RecordingSpans spans;
+  spans.roots = true;
+  f.store.batches.push_back({event(1), traced(2, "garbage"), traced(3, kUnsampled)});
+  auto loop = f.one_sink();
+  loop.trace_to(&spans);
+  loop.run_once();
+  REQUIRE(spans.spans.size() == 2);
+  for (const auto& s : spans.spans) {
+    CHECK(s.trace_id == TraceId{});  // the exporter gives it a trace of its own
+    CHECK(s.parent_span_id == SpanId{});
+  }
+
+  f.store.batches.push_back({traced(4, kSampled)});
+  loop.trace_to(nullptr);
+  loop.run_once();
+  CHECK(spans.spans.size() == 2);
+}

@@ -115,6 +115,7 @@ class FileSink final : public NamedSink {
 
   std::vector<Outcome> publish(std::span<const Event* const> events) override;
   bool usable() const override;
+  const char* messaging_system() const override { return "file"; }
 
  private:
   // Opens config_.path into fd_ and cuts an incomplete last line. Returns 0 or an errno value
@@ -131,6 +132,7 @@ class FileSink final : public NamedSink {
 class StdoutSink final : public NamedSink {
  public:
   StdoutSink(std::string name, StdoutSinkConfig config) : NamedSink(std::move(name)), config_(std::move(config)) {}
+  const char* messaging_system() const override { return "stdout"; }
   std::vector<Outcome> publish(std::span<const Event* const> events) override;
 
  private:

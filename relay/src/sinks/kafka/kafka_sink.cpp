@@ -85,6 +85,8 @@ struct KafkaSinkImpl final : public KafkaSink {
   }
 
   bool reserves_header(std::string_view header) const override { return is_reserved_kafka_header(header); }
+  const char* messaging_system() const override { return "kafka"; }
+  std::string destination(const Event& event) const override { return render_topic(config.topic, event.topic); }
 
   const KafkaSinkConfig config;
   bool topic_auto_create = true;

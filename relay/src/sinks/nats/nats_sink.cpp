@@ -56,6 +56,9 @@ struct NatsSink final : public NamedSink {
   };
 
   bool reserves_header(std::string_view header) const override { return is_reserved_nats_header(header); }
+  // Not a value of OpenTelemetry's list (which has none for NATS): the sink type.
+  const char* messaging_system() const override { return "nats"; }
+  std::string destination(const Event& event) const override { return render_subject(config.subject, event.topic); }
 
   const NatsSinkConfig config;
   std::atomic<bool> connected{false};

@@ -60,6 +60,12 @@ struct RabbitmqSink final : public NamedSink {
       : NamedSink(std::move(sink_name)), config(std::move(sink_config)) {}
 
   bool reserves_header(std::string_view header) const override { return is_reserved_rabbitmq_header(header); }
+  // The exchange, as OpenTelemetry's RabbitMQ conventions name the destination (the routing key
+  // may hold the event's key, which spans never carry).
+  const char* messaging_system() const override { return "rabbitmq"; }
+  std::string destination(const Event& event) const override {
+    return render_rabbitmq_template(config.exchange, event.topic, event.key);
+  }
 
   const RabbitmqSinkConfig config;
 

@@ -46,6 +46,10 @@ struct RedisSink final : public NamedSink {
         config(std::move(sink_config)),
         maxlen(config.maxlen ? std::to_string(*config.maxlen) : "") {}
 
+  // Not a value of OpenTelemetry's list: the sink type.
+  const char* messaging_system() const override { return "redis"; }
+  std::string destination(const Event& event) const override { return render_stream(config.stream, event.topic); }
+
   const RedisSinkConfig config;
   const std::string maxlen;
 
