@@ -52,13 +52,23 @@ echo "== the Helm chart: helm lint --strict, helm template, the rendered manifes
 # (about 3 minutes on a cold Go cache, then cached in ~/.cache/outbox-relay/helm).
 tests/ops/check-helm.sh
 
-echo "== container image: the Dockerfile built with buildah (no Docker daemon) and run"
+echo "== container image: the Dockerfile built with buildah (no Docker daemon) and run;" \
+  "meanwhile the OpenTelemetry Collector that tests/integration/test_spans.py exports spans to"
+# The collector is built from the Go module proxy (tests/ops/otelcol, collector v0.161.0): about
+# 5 minutes on a cold Go cache on 2 cores, then cached in ~/.cache/outbox-relay/otelcol (the
+# fixture reuses it). In the background beside the image, whose build waits on the network much
+# of the time; done before the fuzzer, whose timing it would disturb.
+otelcol_log=$(mktemp)
+tests/ops/build-otelcol.sh > "$otelcol_log" 2>&1 &
+otelcol_pid=$!
 tests/image/check.sh
-
-echo "== the OpenTelemetry Collector that tests/integration/test_spans.py exports the relay's spans to"
-# Built from the Go module proxy (tests/ops/otelcol, collector v0.161.0): about 5 minutes on a cold
-# Go cache on 2 cores, then cached in ~/.cache/outbox-relay/otelcol (the fixture reuses it).
-tests/ops/build-otelcol.sh
+if ! wait "$otelcol_pid"; then
+  cat "$otelcol_log"
+  echo "FAIL: tests/ops/build-otelcol.sh"
+  exit 1
+fi
+echo "the collector: $(tail -n 1 "$otelcol_log")"
+rm -f "$otelcol_log"
 
 venv="${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}"
 echo "== the ordering fuzzer: writer behaviours, relay kills and Postgres restarts for 80 s, a fresh seed"

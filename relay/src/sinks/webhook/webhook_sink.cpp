@@ -41,19 +41,6 @@ void init_curl_once() {
   });
 }
 
-// The path of a URL ("/" when it names none), without its query.
-std::string url_path(const std::string& url) {
-  const CHandle<CURLU, &curl_url_cleanup> parsed(curl_url());
-  char* path = nullptr;
-  if (!parsed || curl_url_set(parsed.get(), CURLUPART_URL, url.c_str(), 0) != CURLUE_OK ||
-      curl_url_get(parsed.get(), CURLUPART_PATH, &path, 0) != CURLUE_OK) {
-    return "/";
-  }
-  std::string out = path;
-  curl_free(path);
-  return out;
-}
-
 void append(SlistPtr& list, const std::string& line) {
   curl_slist* head = curl_slist_append(list.get(), line.c_str());  // copies line
   if (!head) throw std::bad_alloc();
@@ -241,10 +228,11 @@ class WebhookSink final : public NamedSink {
   WebhookSink(std::string name, WebhookSinkConfig config);
   std::vector<Outcome> publish(std::span<const Event* const> events) override;
   bool usable() const override { return usable_.load(); }
-  // Not a value of OpenTelemetry's list: the sink type. The destination is the URL's path only:
-  // its host is the receiver's, and a query or user part may carry a token.
+  // Not a value of OpenTelemetry's list: the sink type. The destination is the sink's name, not
+  // any part of its URL: Slack's, Discord's and many other webhook URLs carry their secret in the
+  // path, and a query or user part may carry a token.
   const char* messaging_system() const override { return "webhook"; }
-  std::string destination(const Event& /*event*/) const override { return url_path_; }
+  std::string destination(const Event& /*event*/) const override { return name(); }
   // outbox-*, webhook-* (Standard Webhooks), ce-* (CloudEvents' HTTP binding, which a receiver may
   // read in either format), the framing headers, and the headers the sink's config sets.
   bool reserves_header(std::string_view name) const override {
@@ -255,7 +243,6 @@ class WebhookSink final : public NamedSink {
  private:
   Client client_;
   std::atomic<bool> usable_{true};
-  std::string url_path_;  // destination()
 };
 
 }  // namespace
@@ -264,7 +251,6 @@ WebhookSink::WebhookSink(std::string name, WebhookSinkConfig config) : NamedSink
   init_curl_once();
   client_.name = this->name();
   client_.config = std::move(config);
-  url_path_ = url_path(client_.config.url);
   for (const auto& [hname, value] : client_.config.headers) {
     client_.static_header_lines.push_back(header_line(hname, value));
     client_.static_header_names.insert(lower(hname));
