@@ -1,5 +1,7 @@
 #include "tracing/otlp_json.hpp"
 
+#include "log/log.hpp"
+
 namespace outbox::tracing {
 namespace {
 
@@ -82,7 +84,9 @@ nlohmann::json encode_spans(const std::vector<SendSpan>& spans, const Resource& 
           double_attribute("outbox.claim_delay_ms", static_cast<double>(s.start_us - s.created_at_us) / 1000.0)}},
     };
     if (!is_zero(s.parent_span_id)) span["parentSpanId"] = hex(s.parent_span_id);
-    if (s.failed) span["status"] = {{"code", kStatusError}, {"message", s.error}};
+    // The reason as in last_error, with every registered secret masked as in the logs: a broker's
+    // or a client library's error text may quote a URL or a credential.
+    if (s.failed) span["status"] = {{"code", kStatusError}, {"message", log::redact(s.error)}};
     out.push_back(std::move(span));
   }
   return {{"resourceSpans",

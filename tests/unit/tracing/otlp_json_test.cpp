@@ -3,6 +3,7 @@
 
 #include <thread>
 
+#include "log/log.hpp"
 #include "tracing/otlp_json.hpp"
 #include "tracing/span_queue.hpp"
 
@@ -83,6 +84,17 @@ TEST_CASE("a failed attempt has status ERROR with the reason; a root span gets a
   CHECK_FALSE(spans[1].contains("parentSpanId"));
   CHECK(spans[1]["traceId"] == "08070605040302010807060504030201");
   CHECK(spans[1]["traceId"] != std::string(32, '0'));
+}
+
+TEST_CASE("a failed attempt's reason has the registered secrets masked, as in the logs") {
+  log::add_secret("span-secret-4f1c");
+  SendSpan failed = span(9);
+  failed.failed = true;
+  failed.error = "connect to https://user:span-secret-4f1c@broker.example/ failed";
+  const auto j = encode_spans({failed}, {"s", "i", "v"}, [] { return 0x0102030405060708ULL; });
+  const std::string message = j["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["status"]["message"];
+  CHECK(message.find("span-secret-4f1c") == std::string::npos);
+  CHECK(message.find("*****") != std::string::npos);
 }
 
 TEST_CASE("the traces URL: /v1/traces unless the endpoint names a path") {
