@@ -171,7 +171,11 @@ def test_1_metrics_after_known_workload(db, relays, workdir):
     # Every metric has the prefix, and labels stay bounded: no key, no event id.
     assert all(name.startswith("outbox_relay_") for name in m.families)
     label_names = {k for (_, labels) in m.samples for k, _ in labels}
-    assert label_names <= {"sink", "source", "version", "le", "class", "result"}
+    assert label_names <= {"sink", "source", "version", "le", "class", "result", "reason"}
+    # Tracing off: no span built, none dropped (the reasons are a fixed pair).
+    assert m.value("outbox_relay_spans_exported_total") == 0
+    assert {dict(labels)["reason"]: v for labels, v in m.series("outbox_relay_spans_dropped_total").items()} == {
+        "queue_full": 0, "export_failed": 0}
     # Reloads of the config file (test_reload.py): both results exposed from the start.
     assert m.value("outbox_relay_config_reloads_total", result="ok") == 0
     assert m.value("outbox_relay_config_reloads_total", result="error") == 0
