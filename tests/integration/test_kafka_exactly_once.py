@@ -22,7 +22,8 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from conftest import Writers, base_config, pending, rows_by_id, run_config, unique, wait_until
+from conftest import (Writers, base_config, free_port, http_get, metric, pending, rows_by_id, run_config, unique,
+                      wait_until)
 from kafka_fixtures import Message, check_order, kafka_broker, own_kafka_broker  # noqa: F401
 
 
@@ -149,11 +150,20 @@ def test_kill_after_kafka_commit_before_the_postgres_mark(db, relays, kafka_brok
     first.kill()
     assert pending(db) > 0, "the held batch is committed in Kafka but not marked in Postgres"
     env = {} if readback else {"OUTBOX_RELAY_TEST_EOS_NO_READBACK": "1"}
-    second = relays(config, env=env)
+    port = free_port()
+    second = relays({**config, "http": {"enabled": True, "listen": f"127.0.0.1:{port}"}}, env=env)
     wait_until(lambda: pending(db) == 0, timeout=60, message="no pending rows")
     if readback:
         assert stats_from_logs(second)["committed_not_marked"] > 0
         assert_exactly_once(db, kafka_broker.bootstrap, kafka_topic, expected_rows=len(ids))
+        _, text = http_get(port, "/metrics")
+        assert metric(text, 'outbox_relay_kafka_marks_read_total{sink="kafka"}') >= 1
+        skipped = metric(text, 'outbox_relay_kafka_events_already_committed_total{sink="kafka"}')
+        assert skipped > 0, "the held batch was marked delivered without producing it again"
+        assert skipped >= 50  # the held batch: at least 50 events (OUTBOX_RELAY_TEST_EOS_HOLD)
+        assert metric(text, 'outbox_relay_kafka_transactions_total{outcome="committed",sink="kafka"}') is not None
+        assert metric(text, 'outbox_relay_kafka_producers_fenced_total{sink="kafka"}') == 0
+        print(f"\nafter the kill: {skipped:.0f} events found in the mark, not produced again")
     else:
         result = check_order(read_committed_topic(kafka_broker.bootstrap, kafka_topic))
         assert result["duplicates"] > 0, "without the read-back the held batch must appear twice"
@@ -181,6 +191,16 @@ def test_kill_between_produce_and_commit_aborts_at_once(db, relays, kafka_broker
     print(f"\nopen transaction of the killed relay: all delivered {took:.1f}s after the restart")
 
 
+def publishing(relay) -> bool:
+    last_taken = last_closed = ""
+    for line in relay.logs():
+        if line.get("msg") == "kafka takeover: producer initialised, mark read back":
+            last_taken = line["ts"]
+        elif line.get("msg", "").startswith("kafka transactional producer closed"):
+            last_closed = line["ts"]
+    return last_taken > last_closed
+
+
 def kill_loop(db, relays, broker, writers_count, per_writer, keys, kills, relays_count, pg_restart_at=None,
               env=None):
     row_topic = unique("eos-kill")
@@ -196,7 +216,9 @@ def kill_loop(db, relays, broker, writers_count, per_writer, keys, kills, relays
         time.sleep(rnd.uniform(0.2, 1.5))
         if pg_restart_at is not None and k == pg_restart_at:
             db.cluster.restart()
-        victim = rnd.randrange(len(running))
+        # Mostly the relay that publishes (its last takeover is later than its last release).
+        active = [i for i, r in enumerate(running) if publishing(r)]
+        victim = active[0] if active and rnd.random() < 0.75 else rnd.randrange(len(running))
         running[victim].kill()
         running[victim] = relays(config, env=env)
     writers.join(timeout=600)
@@ -220,10 +242,18 @@ def test_kill_9_loop_with_standbys_and_a_postgres_restart(db, relays, kafka_brok
 @pytest.mark.skipif(os.environ.get("OUTBOX_EOS_LONG") != "1", reason="long run: OUTBOX_EOS_LONG=1")
 def test_long_kill_loop_40000_events_20_kills(db, relays, kafka_broker):
     """The issue's run: 40,000 events from 8 writers over 40 keys, 3 relays, 20 kill -9 and one
-    Postgres restart."""
+    Postgres restart. OUTBOX_EOS_MUTANT=1 runs it with the mark read-back off (test-only switch):
+    it must then report duplicates."""
+    mutant = os.environ.get("OUTBOX_EOS_MUTANT") == "1"
+    env = {"OUTBOX_RELAY_TEST_EOS_NO_READBACK": "1"} if mutant else None
     _, kafka_topic, inserted, rows, _ = kill_loop(db, relays, kafka_broker, writers_count=8, per_writer=5000,
-                                                  keys=40, kills=20, relays_count=3, pg_restart_at=10)
+                                                  keys=40, kills=20, relays_count=3, pg_restart_at=10, env=env)
     assert rows >= inserted == 40_000
+    if mutant:
+        result = check_order(read_committed_topic(kafka_broker.bootstrap, kafka_topic))
+        print(f"\nmutant long kill loop: {result['duplicates']} duplicates")
+        assert result["duplicates"] > 0
+        return
     out = assert_exactly_once(db, kafka_broker.bootstrap, kafka_topic, expected_rows=rows)
     print(f"\nlong kill loop: {out['messages']} messages for {rows} events, 0 duplicates")
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/event.hpp"
+#include "core/metrics.hpp"
 #include "core/store.hpp"
 
 namespace outbox {
@@ -82,6 +83,8 @@ class Sink {
   virtual void keep_pending(std::span<const EventId> /*still_pending*/) {}
   // The loop wrote these outcomes to the store (loop thread; publish() may run beside it).
   virtual void outcomes_written(std::span<const Completion> /*completions*/) {}
+  // A transactional sink's counts; nullopt for the others. Thread-safe, lock-free.
+  virtual std::optional<TransactionCounts> transaction_counts() const { return std::nullopt; }
 };
 
 // The lane grouping a set of sinks needs: the largest any asks for (0: none).

@@ -540,9 +540,10 @@ struct KafkaSinkImpl final : public KafkaSink {
   int lane_groups() const override { return config.exactly_once ? 1 : 0; }
   bool wants_takeover() const override { return config.exactly_once && needs_takeover.load() && owns_group.load(); }
 
-  KafkaTransactionStats transaction_stats() const override {
-    return {eos.committed.load(), eos.aborted.load(), eos.fenced.load(), eos.marks_read.load(),
-            eos.already_committed.load()};
+  std::optional<TransactionCounts> transaction_counts() const override {
+    if (!config.exactly_once) return std::nullopt;
+    return TransactionCounts{eos.committed.load(), eos.aborted.load(), eos.fenced.load(), eos.marks_read.load(),
+                             eos.already_committed.load()};
   }
 
   // The producer is done for: nothing more of it is sent, and only a takeover makes the next one.

@@ -22,22 +22,11 @@
 
 namespace outbox::sinks {
 
-// What an exactly-once sink counts (all zero without exactly_once).
-struct KafkaTransactionStats {
-  std::uint64_t committed = 0;          // transactions committed
-  std::uint64_t aborted = 0;            // transactions aborted (their events retried)
-  std::uint64_t fenced = 0;             // times this sink's producer found itself fenced
-  std::uint64_t marks_read = 0;         // takeovers that read a mark back
-  std::uint64_t already_committed = 0;  // events found in the mark: delivered without producing
-};
-
 // A Kafka sink: a Sink that also counts its producer replacements (read by tests).
 class KafkaSink : public NamedSink {
  public:
   // How often the producer was replaced (fatal error, or a batch that missed its deadline).
   virtual std::uint64_t producer_replacements() const = 0;
-  // Thread-safe, lock-free.
-  virtual KafkaTransactionStats transaction_stats() const = 0;
 
  protected:
   using NamedSink::NamedSink;
