@@ -208,7 +208,8 @@ def kill_loop(db, relays, broker, writers_count, per_writer, keys, kills, relays
     broker.create_topic(kafka_topic, partitions=6)
     config = relay_config(db, broker, "outbox.{topic}")
     running = [relays(config, env=env) for _ in range(relays_count)]
-    running[0].wait_log("ordering lanes rebalanced")
+    # One of them publishes (one lane group); the others stand by.
+    wait_until(lambda: any(publishing(r) for r in running), timeout=60, message="a relay took the lanes over")
     writers = Writers(db, count=writers_count, per_writer=per_writer, keys=keys, topic=row_topic, pause=0.05,
                       retry_on_error=True).start()
     rnd = random.Random(44)

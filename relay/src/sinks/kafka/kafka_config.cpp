@@ -39,7 +39,6 @@ const std::map<std::string, std::string>& reserved_properties() {
       {"transactional.id",
        "the sink sets it: with exactly_once: true from the sink's transactional_id key, else it uses the "
        "idempotent producer, not transactions"},
-      {"transaction.timeout.ms", "set it with the sink's transaction_timeout key (exactly_once: true)"},
       {"delivery.report.only.error", "the sink needs every delivery report to mark events delivered"},
       {"dr_msg_cb", "the sink installs its own callbacks"},
       {"dr_cb", "the sink installs its own callbacks"},
@@ -159,6 +158,9 @@ KafkaSinkConfig parse_kafka_sink(config::Section& s) {
     const std::string key = s.key_path("properties") + "." + name;
     if (auto it = reserved_properties().find(name); it != reserved_properties().end()) {
       throw config::ConfigError(key + ": not allowed here: " + it->second);
+    }
+    if (c.exactly_once && name == "transaction.timeout.ms") {
+      throw config::ConfigError(key + ": not allowed with exactly_once: true: set the sink's transaction_timeout key");
     }
     if (name == "enable.idempotence" && value != "true") {
       throw config::ConfigError(key + ": must be true: per-key order across retries needs the idempotent producer");
