@@ -305,7 +305,7 @@ void PrometheusMetrics::ready(bool is_ready) { impl_->ready_gauge.Set(is_ready ?
 
 void PrometheusMetrics::lanes_owned(int count) { impl_->lanes.Set(count); }
 
-void PrometheusMetrics::transactions(const std::string& sink, const TransactionCounts& now) {
+void PrometheusMetrics::transactions(const std::string& sink, const TransactionCounts& counts) {
   auto& im = *impl_;
   std::lock_guard lock(im.transactions_mutex);
   TransactionCounts& last = im.last_transactions[sink];
@@ -313,12 +313,12 @@ void PrometheusMetrics::transactions(const std::string& sink, const TransactionC
   const auto add = [](Counter& counter, std::uint64_t value, std::uint64_t before) {
     counter.Increment(static_cast<double>(value >= before ? value - before : value));
   };
-  add(im.transactions.Add({{"sink", sink}, {"outcome", "committed"}}), now.committed, last.committed);
-  add(im.transactions.Add({{"sink", sink}, {"outcome", "aborted"}}), now.aborted, last.aborted);
-  add(im.fenced.Add({{"sink", sink}}), now.fenced, last.fenced);
-  add(im.marks_read.Add({{"sink", sink}}), now.marks_read, last.marks_read);
-  add(im.already_committed.Add({{"sink", sink}}), now.already_committed, last.already_committed);
-  last = now;
+  add(im.transactions.Add({{"sink", sink}, {"outcome", "committed"}}), counts.committed, last.committed);
+  add(im.transactions.Add({{"sink", sink}, {"outcome", "aborted"}}), counts.aborted, last.aborted);
+  add(im.fenced.Add({{"sink", sink}}), counts.fenced, last.fenced);
+  add(im.marks_read.Add({{"sink", sink}}), counts.marks_read, last.marks_read);
+  add(im.already_committed.Add({{"sink", sink}}), counts.already_committed, last.already_committed);
+  last = counts;
 }
 
 void PrometheusMetrics::writers_holding(std::size_t events, double oldest_writer_seconds) {

@@ -4,7 +4,9 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "core/health.hpp"
 #include "core/store.hpp"
@@ -35,6 +37,12 @@ struct PgStoreOptions {
 // Two sessions: one for claims, lanes and membership, one for complete() (so that a batch's
 // outcomes are written while the next batch is claimed). Loop thread only, except complete()
 // (one thread at a time, beside the others) and lanes_owned() (any thread).
+// Lane membership (lane_membership.cpp), pure: the lanes instance `index` of `instances` aims for
+// (groups 0: lane mod instances; G: whole groups, group lane % G to instance group mod instances),
+// and of the lanes just gained, those whose group is not complete with owned (given back).
+std::set<int> lane_targets(int index, int instances, int groups);
+std::vector<int> incomplete_group_lanes(const std::set<int>& owned, const std::vector<int>& gained, int groups);
+
 class PgStore final : public Store {
  public:
   explicit PgStore(PgStoreOptions options);
