@@ -20,7 +20,6 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -33,7 +32,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 from pgcost import process_cpu_seconds  # noqa: E402
 from sink_drains import pct, seed, sql, steady_writers, timed_drain  # noqa: E402
 
-MODES = ("alo", "eos")
 
 
 def log(msg):
@@ -57,9 +55,13 @@ class Run:
                                       config=config or {})])[name].result(timeout=30)
         time.sleep(0.5)
 
+    def batch_size(self, mode):
+        """alo: --batch-size; eos<N>: N (eos alone: --batch-size)."""
+        return int(mode[3:]) if mode.startswith("eos") and mode[3:] else self.a.batch_size
+
     def sink(self, mode, topic):
         s = {"name": "kafka", "type": "kafka", "brokers": self.a.brokers, "topic": topic}
-        if mode == "eos":
+        if mode.startswith("eos"):
             s.update({"exactly_once": True, "transactional_id": "bench-eos-" + uuid.uuid4().hex[:8]})
         return s
 
@@ -92,7 +94,7 @@ class Run:
         self.create_topic(topic)
         cpu0 = self.broker_cpu()
         r = timed_drain(self.a.url, self.a.relay_bin, self.work, mode, self.sink(mode, topic), self.a.events,
-                        self.a.batch_size, self.logs / f"relay-drain-{mode}-{rnd}.log")
+                        self.batch_size(mode), self.logs / f"relay-drain-{mode}-{rnd}.log")
         cpu1 = self.broker_cpu()
         ids = self.committed_ids(topic)
         r["in_topic"] = len(ids)
@@ -108,27 +110,15 @@ class Run:
         sql(self.a.url, "CHECKPOINT")
         topic = f"bench.eos.steady.{mode}.{int(time.time())}"
         self.create_topic(topic)
-        cfg = {"database": {"url": self.a.url}, "relay": {"batch_size": self.a.batch_size},
+        cfg = {"database": {"url": self.a.url}, "relay": {"batch_size": self.batch_size(mode)},
                "http": {"enabled": False}, "sinks": [self.sink(mode, topic)]}
         path = self.work / f"steady-{mode}.yaml"
         path.write_text(json.dumps(cfg))
-        received = {}
-        stop = threading.Event()
-
-        def consume():
-            c = Consumer({"bootstrap.servers": self.a.brokers, "group.id": "eos-steady-" + uuid.uuid4().hex[:6],
-                          "isolation.level": "read_committed", "enable.auto.commit": False,
-                          "fetch.wait.max.ms": 5, "fetch.error.backoff.ms": 5})
-            parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
-            c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-            while not stop.is_set():
-                for m in c.consume(num_messages=1000, timeout=0.05):
-                    if not m.error():
-                        received.setdefault(int(dict(m.headers())["outbox-id"]), time.time())
-            c.close()
-
-        reader = threading.Thread(target=consume, daemon=True)
-        reader.start()
+        # The consumer is a process of its own (not a thread beside the writers: the GIL would
+        # delay what it reads); it writes "id receive-time" lines.
+        seen_path = self.work / f"steady-{mode}.seen"
+        reader = subprocess.Popen([sys.executable, __file__, "--consume", self.a.brokers, topic, str(seen_path)])
+        time.sleep(2)
         with open(self.logs / f"relay-steady-{mode}.log", "w") as lf:
             relay = subprocess.Popen([self.a.relay_bin, "run", "--config", str(path)], stdout=subprocess.DEVNULL,
                                      stderr=lf)
@@ -137,14 +127,18 @@ class Run:
                 cpu0 = self.broker_cpu()
                 committed = steady_writers(self.a.url, self.a.latency_rate, self.a.latency_seconds)
                 deadline = time.monotonic() + 60
-                while not set(committed) <= set(received) and time.monotonic() < deadline:
-                    time.sleep(0.1)
+                received = {}
+                while time.monotonic() < deadline:
+                    received = read_seen(seen_path)
+                    if set(committed) <= set(received):
+                        break
+                    time.sleep(0.5)
                 cpu1 = self.broker_cpu()
             finally:
                 relay.terminate()
                 relay.wait(timeout=30)
-                stop.set()
-                reader.join(timeout=10)
+                reader.terminate()
+                reader.wait(timeout=10)
         first = min(committed.values())
         lat = [(received[i] - t) * 1000 for i, t in committed.items()
                if i in received and t - first >= self.a.latency_warmup]
@@ -161,13 +155,14 @@ class Run:
                "git": subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                                      text=True).stdout.strip(),
                "config": {k: v for k, v in vars(self.a).items() if k != "url"}, "rounds": []}
+        modes = ["alo"] + [f"eos{n}" for n in self.a.eos_batch_sizes.split(",")]
         log("warm-up: an unmeasured at-least-once and exactly-once drain of 50,000")
         events, self.a.events = self.a.events, 50_000
-        for mode in MODES:
+        for mode in modes[:2]:
             self.drain(mode, 0)
         self.a.events = events
         for i in range(self.a.rounds):
-            order = MODES if i % 2 == 0 else MODES[::-1]
+            order = modes if i % 2 == 0 else modes[::-1]
             rnd = {}
             for mode in order:
                 log(f"round {i + 1}: {mode} drain of {self.a.events}")
@@ -175,19 +170,47 @@ class Run:
                 log(f"  {rnd[mode]['rate']:,.0f}/s valid={rnd[mode]['valid']} "
                     f"broker {rnd[mode]['broker_cpu_us_per_event']} us/event")
             out["rounds"].append(rnd)
-        med = {m: statistics.median([r[m]["rate"] for r in out["rounds"] if r[m]["valid"]] or [0]) for m in MODES}
+        med = {m: statistics.median([r[m]["rate"] for r in out["rounds"] if r[m]["valid"]] or [0]) for m in modes}
+        out["modes"] = modes
         out["drain_median"] = med
-        out["drain_ratio_eos_over_alo"] = round(med["eos"] / med["alo"], 3) if med["alo"] else None
+        out["drain_ratio_over_alo"] = {m: round(med[m] / med["alo"], 3) for m in modes[1:]} if med["alo"] else None
         out["broker_cpu_us_per_event_drain"] = {
-            m: statistics.median([r[m]["broker_cpu_us_per_event"] for r in out["rounds"]]) for m in MODES}
-        for mode in MODES:
+            m: statistics.median([r[m]["broker_cpu_us_per_event"] for r in out["rounds"]] or [0]) for m in modes}
+        for mode in modes[:2]:
             log(f"steady {self.a.latency_rate}/s for {self.a.latency_seconds}s: {mode}")
             out[f"steady_{mode}"] = self.steady(mode)
             log(f"  {out[f'steady_{mode}']}")
         return out
 
 
+def read_seen(path):
+    seen = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                seen.setdefault(int(parts[0]), float(parts[1]))
+    return seen
+
+
+def consume(brokers, topic, path):
+    """The steady run's consumer: read_committed, live, one line per message as it arrives."""
+    c = Consumer({"bootstrap.servers": brokers, "group.id": "eos-steady-" + uuid.uuid4().hex[:6],
+                  "isolation.level": "read_committed", "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+    parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    with open(path, "w", buffering=1) as out:
+        while True:
+            # poll(), not consume(num_messages=...): consume waits out its timeout to fill the batch.
+            m = c.poll(0.05)
+            if m is not None and not m.error():
+                out.write(f"{dict(m.headers())['outbox-id'].decode()} {time.time():.6f}\n")
+
+
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "--consume":
+        consume(*sys.argv[2:])
+        return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True)
     p.add_argument("--brokers", required=True)
@@ -199,6 +222,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--eos-batch-sizes", default="500",
+                   help="exactly-once drains at these relay batch sizes (at least once: --batch-size)")
     p.add_argument("--latency-rate", type=int, default=1000)
     p.add_argument("--latency-seconds", type=int, default=30)
     p.add_argument("--latency-warmup", type=float, default=3.0)
@@ -206,10 +231,9 @@ def main():
     r = Run(a).run()
     Path(a.out).write_text(json.dumps(r, indent=1, default=str))
     m = r["drain_median"]
-    print(f"drain of {a.events}: at least once {m['alo']:,.0f}/s, exactly once {m['eos']:,.0f}/s, "
-          f"ratio {r['drain_ratio_eos_over_alo']} (target >= 0.7); broker CPU us/event "
-          f"{r['broker_cpu_us_per_event_drain']}")
-    for mode in MODES:
+    print(f"drain of {a.events} (median, events/s): {m}; over at least once {r['drain_ratio_over_alo']} "
+          f"(target >= 0.7); broker CPU us/event {r['broker_cpu_us_per_event_drain']}")
+    for mode in r["modes"][:2]:
         s = r[f"steady_{mode}"]
         c = s["commit_to_consumer_ms"]
         print(f"steady {a.latency_rate}/s {mode}: commit-to-consumer (read_committed) p50 {c['p50']} ms, "

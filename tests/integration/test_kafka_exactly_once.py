@@ -10,6 +10,7 @@ The long kill loop (40,000 events, 20 kills) runs only with OUTBOX_EOS_LONG=1; C
 one."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -312,3 +313,34 @@ def test_broker_restart_mid_stream(db, relays, own_kafka_broker):
     wait_until(lambda: pending(db) == 0, timeout=300, message="no pending rows after the broker restart")
     assert_exactly_once(db, broker.bootstrap, kafka_topic, expected_rows=10_000)
     assert relay.alive()
+
+
+def test_reload_rebuilds_the_sink_with_a_takeover_and_refuses_to_turn_it_off(db, relays, kafka_broker):
+    """SIGHUP with a changed exactly-once sink: the new sink takes the lanes over (fencing the old
+    producer) before it publishes, nothing twice; a reload that turns exactly_once off is refused."""
+    row_topic = unique("eos-reload")
+    kafka_topic = "outbox." + row_topic
+    kafka_broker.create_topic(kafka_topic, partitions=3)
+    config = relay_config(db, kafka_broker, "outbox.{topic}")
+    relay = relays(config)
+    relay.wait_log("kafka takeover: producer initialised")
+    writers = Writers(db, count=2, per_writer=1000, keys=40, topic=row_topic, pause=0.02).start()
+    time.sleep(1)
+    changed = json.loads(json.dumps(config))
+    changed["sinks"][0]["delivery_timeout"] = "4s"
+    relay.config_path.write_text(json.dumps(changed))
+    relay.proc.send_signal(signal.SIGHUP)
+    relay.wait_log("config reloaded")
+    wait_until(lambda: stats_from_logs(relay)["takeovers"] >= 2, timeout=30, message="the rebuilt sink took over")
+    off = json.loads(json.dumps(changed))
+    off["sinks"][0].pop("exactly_once")
+    off["sinks"][0].pop("transactional_id")
+    relay.config_path.write_text(json.dumps(off))
+    relay.proc.send_signal(signal.SIGHUP)
+    relay.wait_log("config reload refused")
+    writers.join()
+    wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows")
+    assert_exactly_once(db, kafka_broker.bootstrap, kafka_topic, expected_rows=2000)
+    assert relay.alive()
+    refused = next(l for l in relay.logs() if l.get("msg") == "config reload refused, nothing changed")
+    assert "exactly_once" in json.dumps(refused)

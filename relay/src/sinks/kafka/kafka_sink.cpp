@@ -155,7 +155,9 @@ struct KafkaSinkImpl final : public KafkaSink {
   // Exactly once (config.exactly_once). needs_takeover: no producer may publish until the runner's
   // take_over() made one and read the mark back; set at start and by a fatal error or a fence.
   std::atomic<bool> needs_takeover{true};
-  std::atomic<bool> owns_group{false};  // this relay owns every lane of the group (take_over)
+  // This relay owns every lane of the group, as the last take_over() found; true until then, so
+  // that a sink made by a reload asks the runner for a takeover at once.
+  std::atomic<bool> owns_group{true};
   SteadyClock::time_point last_takeover_attempt{};
   bool takeover_failed = false;
   // The ledger: ids committed to Kafka whose outcome the store may not have (every mark carries
