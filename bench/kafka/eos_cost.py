@@ -33,7 +33,6 @@ from pgcost import process_cpu_seconds  # noqa: E402
 from sink_drains import pct, seed, sql, steady_writers, timed_drain  # noqa: E402
 
 
-
 def log(msg):
     print(f"[eos-cost] {msg}", file=sys.stderr, flush=True)
 

@@ -344,3 +344,18 @@ def test_reload_rebuilds_the_sink_with_a_takeover_and_refuses_to_turn_it_off(db,
     assert relay.alive()
     refused = next(l for l in relay.logs() if l.get("msg") == "config reload refused, nothing changed")
     assert "exactly_once" in json.dumps(refused)
+
+
+def test_a_standby_relay_is_ready(db, relays, kafka_broker):
+    """One relay publishes, the other stands by without a producer: both answer /readyz 200."""
+    row_topic = unique("eos-ready")
+    kafka_broker.create_topic("outbox." + row_topic, partitions=2)
+    config = relay_config(db, kafka_broker, "outbox.{topic}")
+    ports = [free_port(), free_port()]
+    pair = [relays({**config, "http": {"enabled": True, "listen": f"127.0.0.1:{p}"}}) for p in ports]
+    wait_until(lambda: any(publishing(r) for r in pair), timeout=60, message="a relay took the lanes over")
+    db.insert([(row_topic, "k", {"n": 1})])
+    wait_until(lambda: pending(db) == 0, timeout=30, message="delivered")
+    for port in ports:
+        wait_until(lambda: http_get(port, "/readyz")[0] == 200, timeout=30, message=f"/readyz 200 on {port}")
+    assert sum(publishing(r) for r in pair) == 1

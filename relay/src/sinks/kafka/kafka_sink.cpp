@@ -257,6 +257,9 @@ struct KafkaSinkImpl final : public KafkaSink {
       set("transactional.id", txn_id, here + ".transactional_id");
       set("transaction.timeout.ms", std::to_string(effective_transaction_timeout(config).count()),
           here + ".transaction_timeout");
+      // librdkafka registers a transaction's partitions with the coordinator after linger.ms (to
+      // batch them): on a steady stream every transaction waits it out. publish() flushes anyway.
+      if (!user_sets("linger.ms") && !user_sets("queue.buffering.max.ms")) set("linger.ms", "1", here);
     } else {
       // Infinite in librdkafka: a message it times out leaves a gap in its partition's sequence
       // (1, 4, 5), which could let a later event of a key land while an earlier one is retried.
@@ -868,6 +871,9 @@ struct KafkaSinkImpl final : public KafkaSink {
       fatal = err != RD_KAFKA_RESP_ERR_NO_ERROR;
       if (fatal) check_fatal(rk);
     }
+    // Sends at once (ignoring linger.ms) and serves the delivery reports; the commit then only
+    // ends the transaction.
+    if (!fatal) rd_kafka_flush(rk, clamp_ms(deadline - SteadyClock::now()));
     test_hold("before_commit", n);
     ErrorPtr failed;
     if (!fatal) {
@@ -928,7 +934,12 @@ struct KafkaSinkImpl final : public KafkaSink {
     return outcomes;
   }
 
-  bool usable() const override { return producer_ok.load() && reachable.load(); }
+  bool usable() const override {
+    // Exactly once, standing by (another relay owns the lane group): no producer, nothing to
+    // publish; the relay is ready to take over.
+    if (config.exactly_once && !owns_group.load()) return true;
+    return producer_ok.load() && reachable.load();
+  }
   std::uint64_t producer_replacements() const override { return replacements.load(); }
 
   void flush(milliseconds timeout) override {
