@@ -43,6 +43,9 @@ if [ "$profile" = all ]; then
   pkgs+=(buildah debootstrap debian-archive-keyring iproute2)
   # tests/kafka/broker.sh: an Apache Kafka broker resolved from Maven Central by mvn, run on Java 17.
   pkgs+=(maven openjdk-17-jre-headless)
+  # tests/integration/test_kafka_exactly_once.py: a second read_committed consumer (kcat -X
+  # isolation.level=read_committed) beside the Python one.
+  pkgs+=(kcat)
   # tests/ops/check-packaging.sh: `docker-compose config` validates docker-compose.yml (no daemon).
   pkgs+=(docker-compose)
   # tests/integration/test_poolers.py: a real PgBouncer in session and transaction pool modes,

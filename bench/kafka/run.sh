@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The Kafka sink benchmark of issue 3, in one command:
 #   bench/kafka/run.sh [bench.py options, e.g. --rounds 3 --latency-seconds 60]
+#   bench/kafka/run.sh --eos [eos_cost.py options]: what exactly_once: true costs (issue 44)
+# BENCH_RELAY_BIN=path (--eos only): that relay binary instead of a Release build.
 # Builds outbox-relay and outbox-bench (Release, in build-bench-kafka/), starts a throwaway
 # PostgreSQL 15 cluster with fsync on (scripts/pg-cluster.sh) and a throwaway Apache Kafka broker
 # (tests/kafka/broker.sh: KRaft, jars from Maven Central on first use), runs bench/kafka/bench.py
@@ -12,11 +14,14 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BENCH_BUILD_DIR:-$root/build-bench-kafka}
 python=${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}/bin/python
 
-echo "[bench-kafka] building in $build" >&2
-mkdir -p "$build"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release > "$build/bench-cmake.log" 2>&1 \
-  || { cat "$build/bench-cmake.log" >&2; exit 1; }
-ninja -C "$build" -j2 outbox-relay outbox-bench >&2
+relay_bin=${BENCH_RELAY_BIN:-$build/bin/outbox-relay}
+if [ -z "${BENCH_RELAY_BIN:-}" ]; then
+  echo "[bench-kafka] building in $build" >&2
+  mkdir -p "$build"
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release > "$build/bench-cmake.log" 2>&1 \
+    || { cat "$build/bench-cmake.log" >&2; exit 1; }
+  ninja -C "$build" -j2 outbox-relay outbox-bench >&2
+fi
 "$python" -c 'import psycopg, confluent_kafka' 2> /dev/null \
   || { echo "[bench-kafka] the venv lacks psycopg/confluent-kafka: run scripts/install-deps.sh" >&2; exit 1; }
 
@@ -44,6 +49,14 @@ echo "[bench-kafka] starting Apache Kafka in $work/kafka" >&2
 brokers=$("$root/tests/kafka/broker.sh" start "$work/kafka")
 
 mkdir -p "$root/bench/out"
+if [ "${1:-}" = --eos ]; then
+  # issue 44: exactly_once: true beside the at-least-once sink (bench/kafka/eos_cost.py).
+  shift
+  out="$root/bench/out/kafka-eos-$(date +%Y%m%d-%H%M%S).json"
+  "$python" "$root/bench/kafka/eos_cost.py" --url "$bench_url" --brokers "$brokers" --work "$work" \
+    --broker-pid-file "$work/kafka/pid" --relay-bin "$relay_bin" --out "$out" "$@"
+  exit 0
+fi
 out="$root/bench/out/kafka-$(date +%Y%m%d-%H%M%S).json"
 "$python" "$root/bench/kafka/bench.py" --url "$bench_url" --brokers "$brokers" --work "$work" \
   --relay-bin "$build/bin/outbox-relay" --bench-bin "$build/bin/outbox-bench" --out "$out" "$@"

@@ -82,6 +82,12 @@ struct Ops::Impl {
 
   std::string scrape() {
     readiness();  // outbox_relay_ready as of this scrape, not of the last timer tick
+    {
+      std::lock_guard lock(sinks_mutex);
+      for (const Sink* sink : sinks) {
+        if (const auto counts = sink->transaction_counts()) metrics.transactions(sink->name(), *counts);
+      }
+    }
     if (lanes_owned) metrics.lanes_owned(lanes_owned());
     metrics.sequence_cache(health.sequence_cache.load());
     return metrics.scrape();

@@ -104,6 +104,13 @@ std::optional<SinkGeneration> Reloader::read_next(config::ConfigDiff& diff) {
     }
     g.sinks.push_back(g.owned.back().get());
   }
+  if (lane_groups_of(g.sinks) != lane_groups_of(current_.sinks)) {
+    // The store divides the lanes among relays as the sinks started with needed (exactly_once);
+    // a reload cannot change that under relays that share the table.
+    refuse(text, {"sinks: exactly_once changes how relays divide the lanes among themselves; a restart is needed "
+                  "to turn it on or off"});
+    return std::nullopt;
+  }
   g.router = std::make_unique<Router>(make_router(next));
   g.config = std::move(next);
   return g;

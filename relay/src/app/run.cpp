@@ -114,7 +114,8 @@ int run_relay(const config::Config& config, const ConfigSource& source) {
   Bell bell;
   Health health;
   // Declared before ops, whose threads read it, so that it outlives them.
-  const pg::PgStoreOptions store_settings = store_options(config, instance_id, &health);
+  pg::PgStoreOptions store_settings = store_options(config, instance_id, &health);
+  store_settings.lane_groups = lane_groups_of(first.sinks);
   pg::PgStore store(store_settings);
   Ops ops(config, first.sinks, health, bell);  // binds http.listen: ConfigError (exit 2) if it cannot
   Metrics& metrics = ops.metrics();

@@ -100,11 +100,13 @@ void RelayLoop::take_delayed() { move_all(delayed_outcomes_, pending_); }
 void RelayLoop::write_pending() {
   if (pending_.empty()) return;
   store_.complete(pending_);  // throws StoreUnavailable: pending_ stays for the next try
-  note_retries(pending_);
+  note_written(pending_);
   pending_.clear();
 }
 
-void RelayLoop::note_retries(const std::vector<Completion>& completed) {
+void RelayLoop::note_written(const std::vector<Completion>& completed) {
+  // Sinks that keep what they delivered downstream until the store has it (Kafka exactly once).
+  for (Sink* sink : sinks_) sink->outcomes_written(completed);
   // The store computes next_attempt_at from its own clock during complete(); counting the delay
   // from now, after it returned (plus a little slack), never wakes the runner before the row
   // is due, which would find nothing to claim and forget the wakeup.
@@ -160,7 +162,7 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
     // holds back the later events of its key.
     take_delayed();
     events = store_.probe_claim(options_.batch_size, pending_);  // throws: pending_ stays
-    note_retries(pending_);
+    note_written(pending_);
     pending_.clear();
   } else if (probe) {
     // Delivered outcomes only. They wait, unmarked, until the oldest was left outcome_delay ago or
@@ -261,7 +263,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     if (collected.publish_failure) retry_unsettled(batch, describe(collected.publish_failure));
     const bool previous_written = !collected.complete_failure;
     if (previous_written) {
-      note_retries(previous);
+      note_written(previous);
     } else if (!failure) {
       failure = collected.complete_failure;
     }

@@ -93,6 +93,7 @@ class RelayLoop {
   // Applies completions not yet written (left over from a failed complete(), or by polls that
   // leave them to a later poll), if any.
   void flush_pending();
+  const std::vector<Sink*>& sinks() const { return sinks_; }
   bool has_pending() const { return !pending_.empty() || !delayed_outcomes_.empty(); }
   // The lowest id among the outcomes not yet written (has_pending()): between drains, every event
   // this loop claimed below it has its outcome written.
@@ -119,9 +120,9 @@ class RelayLoop {
 
   // floor: see Store::claim_above (0: none).
   std::vector<Event> claim(bool probe = false, long long floor = 0);
-  void write_pending();  // pending_ only (flush_pending: delayed_outcomes_ too)
-  void take_delayed();   // delayed_outcomes_ joins pending_
-  void note_retries(const std::vector<Completion>& completed);
+  void write_pending();                                         // pending_ only (flush_pending: delayed_outcomes_ too)
+  void take_delayed();                                          // delayed_outcomes_ joins pending_
+  void note_written(const std::vector<Completion>& completed);  // after each write: retries, sinks
   // Whether a poll writes the outcomes not yet written in its own call (LoopOptions::outcome_delay).
   bool must_carry() const;
   // `held`: keys whose earlier events were not delivered in batches whose outcomes the claim of

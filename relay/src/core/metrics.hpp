@@ -1,6 +1,7 @@
 #pragma once
 // What the loop reports. The Prometheus implementation lives in http/; the default does nothing.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/db_error.hpp"
@@ -10,6 +11,15 @@ namespace outbox {
 // kPoll: a poll of the table found events (docs/design.md "How wakeups work"); kNotify: a NOTIFY
 // on the channel (an opt-in writer trigger, or an operator command); kReload: a reloaded config
 // waits for the loop to take it (app/reload.hpp).
+// What a transactional sink counts (Kafka exactly once), cumulative since the sink was made.
+struct TransactionCounts {
+  std::uint64_t committed = 0;          // transactions committed
+  std::uint64_t aborted = 0;            // transactions aborted (their events retried)
+  std::uint64_t fenced = 0;             // times the sink's producer found itself fenced by a successor
+  std::uint64_t marks_read = 0;         // takeovers that read the progress mark back
+  std::uint64_t already_committed = 0;  // events found in the mark: marked delivered without producing
+};
+
 enum class WakeSource { kNotify, kPoll, kSweep, kRetry, kStartup, kWatch, kReload };
 
 // Why spans of the relay's own tracing were dropped (docs/operations.md "Tracing"): the exporter's
@@ -32,6 +42,8 @@ class Metrics {
   virtual void db_error(DbErrorClass /*kind*/) {}
   virtual void ready(bool /*is_ready*/) {}
   virtual void lanes_owned(int /*count*/) {}
+  // A transactional sink's counts (Sink::transaction_counts), read at each scrape.
+  virtual void transactions(const std::string& /*sink*/, const TransactionCounts& /*counts*/) {}
   // Open writer transactions holding back events of this instance's lanes (Store::writer_holds):
   // the committed events they hold back and the age of the oldest of them (0, 0: none).
   virtual void writers_holding(std::size_t /*events*/, double /*oldest_writer_seconds*/) {}

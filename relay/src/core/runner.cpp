@@ -34,7 +34,32 @@ void Runner::maybe_rebalance() {
   if (now < next_rebalance_) return;
   next_rebalance_ = now + options_.rebalance_interval;
   // Lanes gained are caught up by the drain in progress or the next one.
-  if (store_.rebalance()) retry_look_due_ = true;
+  const bool gained = store_.rebalance();
+  if (gained) retry_look_due_ = true;
+  take_over_sinks(gained);
+}
+
+bool Runner::sinks_want_takeover() const {
+  const auto& sinks = loop_.sinks();
+  return std::any_of(sinks.begin(), sinks.end(), [](const Sink* s) { return s->wants_takeover(); });
+}
+
+void Runner::take_over_sinks(bool gained) {
+  // Right after a successful rebalance, with nothing claimed or in flight (Sink::take_over).
+  const int owned = store_.lanes_owned();
+  for (Sink* sink : loop_.sinks()) {
+    const std::vector<EventId> held = sink->take_over(owned, gained);
+    if (held.empty()) continue;
+    sink->keep_pending(store_.still_pending(held));
+  }
+}
+
+void Runner::rebalance_for_sinks() {
+  if (!sinks_want_takeover()) return;
+  loop_.flush_pending();
+  const bool gained = store_.rebalance();
+  if (gained) retry_look_due_ = true;
+  take_over_sinks(gained);
 }
 
 void Runner::note_poll(std::size_t claimed, Time started, Time previous) {
@@ -103,10 +128,13 @@ std::size_t Runner::drain(bool probe) {
   control.probe = probe;
   control.stop = [this] { return waiter_.stopped(); };
   // Between batches, so a long backlog does not keep lanes from new peers, nor a reload waiting.
-  control.pause_due = [this] { return clock_.now() >= next_rebalance_ || reconfiguration_pending(); };
+  control.pause_due = [this] {
+    return clock_.now() >= next_rebalance_ || reconfiguration_pending() || sinks_want_takeover();
+  };
   control.pause = [this] {
     take_reconfiguration();
     maybe_rebalance();
+    rebalance_for_sinks();
   };
   const BatchResult r = loop_.drain(control);
   if (r.retried + r.dead_lettered > 0) {
@@ -149,7 +177,7 @@ void Runner::session() {
   // Outcomes a failed complete() left, then the lanes (a new session owns none; a poll's outcomes
   // go first, as its events carry no lease: Store::probe_claim).
   loop_.flush_pending();
-  store_.rebalance();
+  take_over_sinks(store_.rebalance());
   retry_look_due_ = true;
   store_retry_due_.reset();
   auto now = clock_.now();
@@ -167,8 +195,14 @@ void Runner::session() {
     now = clock_.now();
     if (now >= next_rebalance_) {
       loop_.flush_pending();
-      if (store_.rebalance()) drain_needed = retry_look_due_ = true;
+      const bool gained = store_.rebalance();
+      if (gained) drain_needed = retry_look_due_ = true;
+      take_over_sinks(gained);
       next_rebalance_ = now + options_.rebalance_interval;
+    }
+    if (sinks_want_takeover()) {
+      rebalance_for_sinks();
+      if (!sinks_want_takeover()) drain_needed = true;  // what the sinks held back meanwhile
     }
     // Polls are paced from the start of the previous one, so that an event waits at most about
     // one poll_interval for the poll that claims it, whatever that poll's own work took.

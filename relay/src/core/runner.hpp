@@ -89,6 +89,11 @@ class Runner {
   void after_failure();
   // Returns how many events were claimed.
   std::size_t drain(bool probe);
+  // Sinks that keep progress downstream (Sink::take_over): after each successful rebalance, and
+  // at once when one asks.
+  bool sinks_want_takeover() const;
+  void take_over_sinks(bool gained);
+  void rebalance_for_sinks();
   void maybe_rebalance();
   // The interval between polls while events flow: from poll_interval for a dense stream up to
   // light_poll_interval for a light one, by the event rate polls found lately.

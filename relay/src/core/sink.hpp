@@ -1,5 +1,6 @@
 #pragma once
 // The sink seam: a batch in, one outcome per event out.
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <span>
@@ -9,6 +10,8 @@
 #include <vector>
 
 #include "core/event.hpp"
+#include "core/metrics.hpp"
+#include "core/store.hpp"
 
 namespace outbox {
 
@@ -64,10 +67,38 @@ class Sink {
   // For the relay's spans (core/tracing.hpp), read only while tracing is on: OpenTelemetry's
   // messaging.system (its value where the semantic conventions list one, else the sink type; a
   // static string), and messaging.destination.name of an event: where this sink sends it (the
-  // rendered topic, subject, exchange or stream; the webhook URL's path). Default: the row's topic.
+  // rendered topic, subject, exchange or stream; a webhook sink's name: its URL may carry a secret). Default: the row's topic.
   virtual const char* messaging_system() const { return "outbox-relay"; }
   virtual std::string destination(const Event& event) const { return event.topic; }
+
+  // --- Lane takeover: only sinks that keep per-lane progress downstream (Kafka exactly once) ---
+  // How the lanes must be divided among relays for this sink (Store: PgStoreOptions::lane_groups):
+  // 0 = any way; G = in whole groups of lanes (lane % G).
+  virtual int lane_groups() const { return 0; }
+  // Whether the sink owns lanes but must take over before it publishes again (a new sink, or one
+  // fenced or failed fatally). The runner then rebalances and calls take_over(). Cheap, loop thread.
+  virtual bool wants_takeover() const { return false; }
+  // Called by the runner right after each successful Store::rebalance(), with nothing claimed and
+  // nothing in flight: lanes_owned is how many lanes the instance owns now, gained whether it just
+  // gained some. A sink that must, fences earlier holders of its lanes' downstream progress and
+  // reads it back. Returns the ids the downstream already holds whose outcome the store may not
+  // have (the runner asks the store which are still pending and hands those to keep_pending()).
+  // Blocks (bounded by the sink's own timeouts); never throws for downstream failures: it then
+  // still wants_takeover() and publish() retries every event.
+  virtual std::vector<EventId> take_over(int /*lanes_owned*/, bool /*gained*/) { return {}; }
+  virtual void keep_pending(std::span<const EventId> /*still_pending*/) {}
+  // The loop wrote these outcomes to the store (loop thread; publish() may run beside it).
+  virtual void outcomes_written(std::span<const Completion> /*completions*/) {}
+  // A transactional sink's counts; nullopt for the others. Thread-safe, lock-free.
+  virtual std::optional<TransactionCounts> transaction_counts() const { return std::nullopt; }
 };
+
+// The lane grouping a set of sinks needs: the largest any asks for (0: none).
+inline int lane_groups_of(std::span<Sink* const> sinks) {
+  int groups = 0;
+  for (const Sink* s : sinks) groups = std::max(groups, s->lane_groups());
+  return groups;
+}
 
 // What every sink shares: the name it was configured under, set once. A sink owns connections,
 // files or threads and is held by pointer, so none is copyable or movable; that is said here once.

@@ -54,6 +54,8 @@ class Store {
   // Re-divides the ordering lanes among the live instances. Returns true when this instance
   // gained lanes, which the runner then catches up.
   virtual bool rebalance() { return false; }
+  // How many lanes this instance owns now (claims in). Any thread.
+  virtual int lanes_owned() const { return kLaneCount; }
   // Leases and returns up to limit due events of the lanes this instance owns, in id order,
   // committed before returning (no transaction stays open while sinks work).
   virtual std::vector<Event> claim(std::size_t limit) = 0;
@@ -116,6 +118,9 @@ class Store {
   // The open writer transactions holding back events of this instance's lanes, as last read
   // (schema/005); empty before that schema or when none does.
   virtual WriterHolds writer_holds() const { return {}; }
+  // Of ids, those whose rows are still pending (neither delivered nor dead-lettered). A store
+  // that cannot look returns them all (the caller then keeps more than it needs, never less).
+  virtual std::vector<EventId> still_pending(std::span<const EventId> ids) { return {ids.begin(), ids.end()}; }
 };
 
 }  // namespace outbox

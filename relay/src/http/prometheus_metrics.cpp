@@ -190,6 +190,28 @@ struct PrometheusMetrics::Impl {
                                   .Name("outbox_relay_build_info")
                                   .Help("Always 1; the version is in the label")
                                   .Register(registry);
+  Family<Counter>& transactions = prometheus::BuildCounter()
+                                      .Name("outbox_relay_kafka_transactions_total")
+                                      .Help("Kafka transactions of an exactly-once sink: committed, aborted")
+                                      .Register(registry);
+  Family<Counter>& fenced = prometheus::BuildCounter()
+                                .Name("outbox_relay_kafka_producers_fenced_total")
+                                .Help(
+                                    "Times an exactly-once sink's producer was fenced by a relay that took its "
+                                    "lanes over (it then publishes nothing more)")
+                                .Register(registry);
+  Family<Counter>& marks_read = prometheus::BuildCounter()
+                                    .Name("outbox_relay_kafka_marks_read_total")
+                                    .Help("Lane takeovers of an exactly-once sink that read the progress mark back")
+                                    .Register(registry);
+  Family<Counter>& already_committed =
+      prometheus::BuildCounter()
+          .Name("outbox_relay_kafka_events_already_committed_total")
+          .Help("Events an exactly-once sink found in its progress mark: marked delivered without producing")
+          .Register(registry);
+  // The last cumulative counts each transactional sink reported (a rebuilt sink starts at 0 again).
+  std::mutex transactions_mutex;
+  std::unordered_map<std::string, TransactionCounts> last_transactions;
   Histogram* claim = nullptr;
   std::array<Counter*, kWakeSources.size()> wakeup_by_source{};
   std::array<Counter*, std::size(kAllDbErrorClasses)> db_error_by_class{};
@@ -296,6 +318,22 @@ void PrometheusMetrics::db_error(DbErrorClass kind) {
 void PrometheusMetrics::ready(bool is_ready) { impl_->ready_gauge.Set(is_ready ? 1 : 0); }
 
 void PrometheusMetrics::lanes_owned(int count) { impl_->lanes.Set(count); }
+
+void PrometheusMetrics::transactions(const std::string& sink, const TransactionCounts& counts) {
+  auto& im = *impl_;
+  std::lock_guard lock(im.transactions_mutex);
+  TransactionCounts& last = im.last_transactions[sink];
+  // Counters only go up: add what grew since the last report; a count below it is a new sink's.
+  const auto add = [](Counter& counter, std::uint64_t value, std::uint64_t before) {
+    counter.Increment(static_cast<double>(value >= before ? value - before : value));
+  };
+  add(im.transactions.Add({{"sink", sink}, {"outcome", "committed"}}), counts.committed, last.committed);
+  add(im.transactions.Add({{"sink", sink}, {"outcome", "aborted"}}), counts.aborted, last.aborted);
+  add(im.fenced.Add({{"sink", sink}}), counts.fenced, last.fenced);
+  add(im.marks_read.Add({{"sink", sink}}), counts.marks_read, last.marks_read);
+  add(im.already_committed.Add({{"sink", sink}}), counts.already_committed, last.already_committed);
+  last = counts;
+}
 
 void PrometheusMetrics::writers_holding(std::size_t events, double oldest_writer_seconds) {
   impl_->held.Set(static_cast<double>(events));

@@ -43,6 +43,7 @@ class PrometheusMetrics final : public Metrics {
   void db_error(DbErrorClass kind) override;
   void ready(bool is_ready) override;
   void lanes_owned(int count) override;
+  void transactions(const std::string& sink, const TransactionCounts& counts) override;
   void writers_holding(std::size_t events, double oldest_writer_seconds) override;
   void sequence_cache(long long ids) override;
   void spans_exported(std::size_t spans) override;

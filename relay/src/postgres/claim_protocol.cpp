@@ -340,6 +340,28 @@ std::optional<long long> PgStore::first_claimable(long long after, long long upt
   });
 }
 
+std::vector<EventId> PgStore::still_pending(std::span<const EventId> ids) {
+  if (ids.empty()) return {};
+  connect();
+  auto& im = *impl_;
+  std::string literal = "{";
+  for (const EventId id : ids) literal += (literal.size() > 1 ? "," : "") + std::to_string(id);
+  literal += "}";
+  return im.on_worker("still-pending look", [&] {
+    pqxx::work tx(*im.conn);
+    // A deleted row (delete_on_success) or one delivered or dead-lettered is not pending.
+    const auto r = tx.exec_params("SELECT id FROM " + im.names.table +
+                                      " WHERE id = ANY($1::bigint[]) AND processed_at IS NULL"
+                                      " AND dead_lettered_at IS NULL ORDER BY id",
+                                  literal);
+    tx.commit();
+    std::vector<EventId> pending;
+    pending.reserve(r.size());
+    for (const auto& row : r) pending.push_back(row[0].as<EventId>());
+    return pending;
+  });
+}
+
 std::vector<Event> PgStore::claim(std::size_t limit) { return claim_or_probe(limit, false, {}, 0); }
 
 std::vector<Event> PgStore::claim_above(std::size_t limit, long long floor) {

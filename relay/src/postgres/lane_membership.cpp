@@ -12,6 +12,29 @@
 
 namespace outbox::pg {
 
+std::set<int> lane_targets(int index, int instances, int groups) {
+  std::set<int> target;
+  for (int lane = 0; lane < kLaneCount; ++lane) {
+    // Whole groups: group g (the lanes l with l % groups == g) to the instance g mod n.
+    const int unit = groups > 0 ? lane % groups : lane;
+    if (unit % instances == index) target.insert(lane);
+  }
+  return target;
+}
+
+std::vector<int> incomplete_group_lanes(const std::set<int>& owned, const std::vector<int>& gained, int groups) {
+  std::vector<int> partial;
+  if (groups <= 0) return partial;
+  std::set<int> held = owned;
+  held.insert(gained.begin(), gained.end());
+  for (int lane : gained) {
+    bool complete = true;
+    for (int other = lane % groups; other < kLaneCount; other += groups) complete = complete && held.count(other) > 0;
+    if (!complete) partial.push_back(lane);
+  }
+  return partial;
+}
+
 bool PgStore::rebalance() {
   connect();
   auto& im = *impl_;
@@ -30,8 +53,8 @@ bool PgStore::rebalance() {
       }
       if (index < 0) throw StoreUnavailable("this instance's membership lock is gone");
       const int n = static_cast<int>(members.size());
-      std::set<int> target;
-      for (int lane = index; lane < kLaneCount; lane += n) target.insert(lane);
+      const int groups = im.opt.lane_groups;
+      const std::set<int> target = lane_targets(index, n, groups);
 
       std::vector<int> release, wanted;
       std::set_difference(im.owned.begin(), im.owned.end(), target.begin(), target.end(), std::back_inserter(release));
@@ -47,6 +70,15 @@ bool PgStore::rebalance() {
         const auto got = tx.exec_params("SELECT l FROM unnest($2::int[]) AS l WHERE pg_try_advisory_lock($1, l)",
                                         im.lane_ns, int_array(wanted.data(), wanted.data() + wanted.size()));
         for (const auto& row : got) gained.push_back(row[0].as<int>());
+      }
+      // A group is claimed in only once all its lanes are held (one producer per group, fenced as
+      // a unit, docs/sinks.md): the lanes of a group still held by the previous owner are given
+      // back, and the whole group is asked for again at the next rebalance.
+      if (const auto partial = incomplete_group_lanes(owned, gained, groups); !partial.empty()) {
+        tx.exec_params("SELECT pg_advisory_unlock($1, l) FROM unnest($2::int[]) AS l", im.lane_ns,
+                       int_array(partial.data(), partial.data() + partial.size()));
+        std::erase_if(gained,
+                      [&](int lane) { return std::find(partial.begin(), partial.end(), lane) != partial.end(); });
       }
       if (!gained.empty()) {
         // The gained lanes may hold pending rows below what this instance resolved so far (the

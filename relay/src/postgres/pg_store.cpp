@@ -86,9 +86,10 @@ std::string lane_literal(const LaneIds& ids) { return int_array(ids.data(), ids.
 // delivered ids, marked or deleted; $2 the other outcomes as a JSON array. Unreferenced
 // data-modifying CTEs still run. The commit does not wait for the WAL flush (kNoFlushWait): the
 // drain waits for this statement before it claims again, so a flush stalled by other I/O
-// (100-400 ms on a busy VM) held back every event behind it.
+// (100-400 ms on a busy VM) held back every event behind it. Except with lane groups (Kafka exactly
+// once): see complete_statement.
 namespace {
-std::string complete_statement(const std::string& t, bool delete_on_success) {
+std::string complete_statement(const std::string& t, bool delete_on_success, bool durable) {
   std::string sql = R"sql(
 WITH done AS ({done}),
 failed AS (
@@ -102,8 +103,11 @@ failed AS (
     FROM jsonb_to_recordset($2::jsonb) AS r(id bigint, kind text, delay_ms bigint, error text, sinks_done text[])
    WHERE e.id = r.id AND e.processed_at IS NULL AND e.created_at <= $3::timestamptz
      AND e.id = ANY(ARRAY(SELECT (f->>'id')::bigint FROM jsonb_array_elements($2::jsonb) AS f)))
-SELECT set_config('synchronous_commit', 'off', true)
+SELECT set_config('synchronous_commit', '{sync}', true)
 )sql";
+  // durable (Kafka exactly once): a sink trims what it keeps downstream once the outcome is
+  // written, so the outcome must survive a crash of Postgres itself.
+  replace_all(sql, "{sync}", durable ? "on" : "off");
   replace_all(sql, "{done}",
               delete_on_success ? "DELETE FROM {table} WHERE id = ANY($1::bigint[]) AND created_at <= $3::timestamptz"
                                 : "UPDATE {table} SET processed_at = now(), lease_owner = NULL, lease_until = NULL "
@@ -120,7 +124,7 @@ PgStore::PgStore(PgStoreOptions options) : impl_(std::make_unique<Impl>()) {
   const std::string& t = impl_->opt.table;
   // Until the first connect resolves them (the table may not exist yet): the names as configured.
   impl_->names = {t, function_prefix(t), "outbox_schema_migrations", false, "", "", ""};
-  impl_->complete_sql = complete_statement(t, impl_->opt.delete_on_success);
+  impl_->complete_sql = complete_statement(t, impl_->opt.delete_on_success, impl_->opt.lane_groups > 0);
 }
 
 PgStore::~PgStore() = default;
@@ -156,7 +160,8 @@ void PgStore::connect() {
       [&] {
         if (!impl_->names.found) {
           impl_->names = table_names(impl_->opt.url, impl_->opt.table);
-          impl_->complete_sql = complete_statement(impl_->names.table, impl_->opt.delete_on_success);
+          impl_->complete_sql =
+              complete_statement(impl_->names.table, impl_->opt.delete_on_success, impl_->opt.lane_groups > 0);
           // Namespaces of the table, not of its name as configured: relays of two tables of one
           // name in two schemas do not count each other as members nor take each other's lanes.
           impl_->member_ns = advisory_key("outbox-relay:members:" + impl_->names.lock_key);

@@ -4,7 +4,9 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "core/health.hpp"
 #include "core/store.hpp"
@@ -26,11 +28,21 @@ struct PgStoreOptions {
   // Where connect() reports whether database.url leads to a transaction pooler (readiness); may
   // be null. Must outlive the store.
   Health* health;
+  // Lane groups (docs/sinks.md, "Exactly once"): 0 = lanes one by one (lane = index mod N); G (a
+  // divisor of 64) = group(lane) = lane % G, whole groups to each instance (group = index mod N),
+  // and lanes claimed only while every lane of their group is held.
+  int lane_groups = 0;
 };
 
 // Two sessions: one for claims, lanes and membership, one for complete() (so that a batch's
 // outcomes are written while the next batch is claimed). Loop thread only, except complete()
 // (one thread at a time, beside the others) and lanes_owned() (any thread).
+// Lane membership (lane_membership.cpp), pure: the lanes instance `index` of `instances` aims for
+// (groups 0: lane mod instances; G: whole groups, group lane % G to instance group mod instances),
+// and of the lanes just gained, those whose group is not complete with owned (given back).
+std::set<int> lane_targets(int index, int instances, int groups);
+std::vector<int> incomplete_group_lanes(const std::set<int>& owned, const std::vector<int>& gained, int groups);
+
 class PgStore final : public Store {
  public:
   explicit PgStore(PgStoreOptions options);
@@ -53,13 +65,14 @@ class PgStore final : public Store {
   WriterHolds writer_holds() const override;
   std::optional<long long> sweep_upto() const override;
   std::optional<long long> first_claimable(long long after, long long upto) override;
+  std::vector<EventId> still_pending(std::span<const EventId> ids) override;
 
   // Clears the leases this instance still holds (shutdown: peers take those rows at once).
   // Best effort: logs and returns false when the database is unreachable.
   bool release_leases();
   // Closes the session, which releases every lane.
   void disconnect();
-  int lanes_owned() const;
+  int lanes_owned() const override;
 
  private:
   std::vector<Event> claim_or_probe(std::size_t limit, bool probe, std::span<const Completion> completions,

@@ -713,3 +713,71 @@ TEST_CASE("runner: a long drain takes a reconfiguration between two of its batch
   CHECK(f.store.claims.size() == 5);  // one drain's claims: no poll came between
   CHECK(ms_list(f.store.claims) == std::vector<long long>(5, 0));
 }
+
+namespace {
+
+// A sink that keeps progress downstream (Kafka exactly once): records the runner's takeover
+// calls and the outcomes the loop reports written; after publishing `fence_after` batches it
+// wants a takeover again (as a fenced producer does).
+class TakeoverSink final : public NamedSink {
+ public:
+  TakeoverSink(const FakeStore& store, const FakeClock& clock) : NamedSink("eos"), store_(store), clock_(clock) {}
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    CHECK_FALSE(wants);  // never asked to publish before its takeover
+    for (const Event* e : events) ids.push_back(e->id);
+    if (++batches == fence_after) wants = true;
+    return std::vector<Outcome>(events.size(), Outcome::delivered());
+  }
+  bool wants_takeover() const override { return wants; }
+  std::vector<EventId> take_over(int lanes_owned, bool gained) override {
+    takeovers.push_back({store_.rebalances.size(), lanes_owned, gained, clock_.t});
+    wants = false;
+    return {7, 8};
+  }
+  void keep_pending(std::span<const EventId> pending) override { kept.assign(pending.begin(), pending.end()); }
+  void outcomes_written(std::span<const Completion> completions) override {
+    for (const auto& c : completions) written.push_back(c.id);
+  }
+  struct Call {
+    std::size_t rebalances_before;
+    int lanes_owned;
+    bool gained;
+    Time at;
+  };
+  const FakeStore& store_;
+  const FakeClock& clock_;
+  bool wants = true;
+  int batches = 0;
+  int fence_after = 0;
+  std::vector<Call> takeovers;
+  std::vector<EventId> ids, kept, written;
+};
+
+}  // namespace
+
+TEST_CASE("runner: a sink that keeps progress downstream takes over right after each rebalance, before it publishes") {
+  Fixture f;
+  f.waiter.stop_at = at(12'000);
+  TakeoverSink sink(f.store, f.clock);
+  sink.fence_after = 1;  // the first batch leaves it wanting a takeover again
+  const Router router{{}, 1};
+  RelayLoop loop{f.store,           {&sink}, router, f.clock, f.metrics, outbox::testing::loop_options(10, 5, {}),
+                 [] { return 0.0; }};
+  f.store.batches = {{event(1), event(2)}, {}, {event(3)}};
+  Runner runner(loop, f.store, f.waiter, f.clock, f.metrics, f.health, f.options, [] { return 0.0; });
+  runner.run();
+  REQUIRE(sink.takeovers.size() >= 3);
+  // At the session's start: after its first rebalance, with every lane the store owns.
+  CHECK(sink.takeovers[0].rebalances_before == 1);
+  CHECK(sink.takeovers[0].lanes_owned == kLaneCount);
+  // The store's answer for the ids the downstream held (a store that cannot look keeps them all).
+  CHECK(sink.kept == std::vector<EventId>{7, 8});
+  // After the first batch it wanted a takeover: the runner rebalanced first, then took over.
+  CHECK(sink.takeovers[1].rebalances_before == 2);
+  CHECK(sink.takeovers[1].at == at(0));
+  // Every rebalance is followed by a takeover call (the sink decides whether it has work).
+  CHECK(sink.takeovers.size() == f.store.rebalances.size());
+  CHECK(sink.ids == std::vector<EventId>{1, 2, 3});
+  // The loop told the sink each outcome it wrote.
+  CHECK(sink.written == std::vector<EventId>{1, 2, 3});
+}

@@ -36,7 +36,9 @@ const std::map<std::string, std::string>& reserved_properties() {
       {"delivery.timeout.ms",
        "the sink keeps librdkafka's message timeout infinite (a timed-out message leaves a gap in a "
        "partition's sequence) and bounds each batch with delivery_timeout instead"},
-      {"transactional.id", "the sink uses the idempotent producer, not transactions"},
+      {"transactional.id",
+       "the sink sets it: with exactly_once: true from the sink's transactional_id key, else it uses the "
+       "idempotent producer, not transactions"},
       {"delivery.report.only.error", "the sink needs every delivery report to mark events delivered"},
       {"dr_msg_cb", "the sink installs its own callbacks"},
       {"dr_cb", "the sink installs its own callbacks"},
@@ -119,6 +121,31 @@ KafkaSinkConfig parse_kafka_sink(config::Section& s) {
                               config::format_duration(c.delivery_timeout));
   }
 
+  c.exactly_once = s.boolean_or("exactly_once", false);
+  for (const char* key : {"transactional_id", "progress_topic", "transaction_timeout"}) {
+    if (!c.exactly_once && s.has(key)) {
+      throw config::ConfigError(s.key_path(key) + ": only with exactly_once: true");
+    }
+  }
+  c.transactional_id = s.string_or("transactional_id", "");
+  if (!c.transactional_id.empty() && !valid_kafka_topic_name(c.transactional_id)) {
+    throw config::ConfigError(s.key_path("transactional_id") +
+                              ": expected 1 to 249 of letters, digits, '.', '_', '-', got '" + c.transactional_id +
+                              "'");
+  }
+  c.progress_topic = s.string_or("progress_topic", "");
+  if (!c.progress_topic.empty() && !valid_kafka_topic_name(c.progress_topic)) {
+    throw config::ConfigError(s.key_path("progress_topic") + ": '" + c.progress_topic +
+                              "' is not a valid Kafka topic name (1 to 249 of letters, digits, '.', '_', '-')");
+  }
+  c.transaction_timeout = s.duration_or("transaction_timeout", c.transaction_timeout);
+  if (c.exactly_once && s.has("transaction_timeout") &&
+      (c.transaction_timeout < c.delivery_timeout || c.transaction_timeout > std::chrono::minutes{15})) {
+    throw config::ConfigError(s.key_path("transaction_timeout") + ": expected delivery_timeout (" +
+                              config::format_duration(c.delivery_timeout) + ") to 15m, got " +
+                              config::format_duration(c.transaction_timeout));
+  }
+
   c.properties = s.string_map("properties");
   // Mask secrets before anything below can echo a value in an error.
   for (const auto& [name, value] : c.properties) {
@@ -131,6 +158,9 @@ KafkaSinkConfig parse_kafka_sink(config::Section& s) {
     const std::string key = s.key_path("properties") + "." + name;
     if (auto it = reserved_properties().find(name); it != reserved_properties().end()) {
       throw config::ConfigError(key + ": not allowed here: " + it->second);
+    }
+    if (c.exactly_once && name == "transaction.timeout.ms") {
+      throw config::ConfigError(key + ": not allowed with exactly_once: true: set the sink's transaction_timeout key");
     }
     if (name == "enable.idempotence" && value != "true") {
       throw config::ConfigError(key + ": must be true: per-key order across retries needs the idempotent producer");
@@ -146,10 +176,30 @@ KafkaSinkConfig parse_kafka_sink(config::Section& s) {
 nlohmann::json describe_kafka_sink(const KafkaSinkConfig& c) {
   nlohmann::json properties = nlohmann::json::object();
   for (const auto& [name, value] : c.properties) properties[name] = is_secret_kafka_property(name) ? "*****" : value;
-  return {{"brokers", c.brokers},
-          {"topic", c.topic},
-          {"delivery_timeout", config::format_duration(c.delivery_timeout)},
-          {"properties", properties}};
+  nlohmann::json d = {{"brokers", c.brokers},
+                      {"topic", c.topic},
+                      {"delivery_timeout", config::format_duration(c.delivery_timeout)},
+                      {"properties", properties}};
+  if (c.exactly_once) {
+    d["exactly_once"] = true;
+    d["transaction_timeout"] = config::format_duration(effective_transaction_timeout(c));
+    if (!c.transactional_id.empty()) d["transactional_id"] = c.transactional_id;
+    if (!c.progress_topic.empty()) d["progress_topic"] = c.progress_topic;
+  }
+  return d;
+}
+
+std::string effective_transactional_id(const KafkaSinkConfig& c, const std::string& sink_name) {
+  return c.transactional_id.empty() ? "outbox-relay." + sink_name : c.transactional_id;
+}
+
+std::string effective_progress_topic(const KafkaSinkConfig& c, const std::string& sink_name) {
+  return c.progress_topic.empty() ? effective_transactional_id(c, sink_name) + ".progress" : c.progress_topic;
+}
+
+std::chrono::milliseconds effective_transaction_timeout(const KafkaSinkConfig& c) {
+  if (c.transaction_timeout > std::chrono::milliseconds::zero()) return c.transaction_timeout;
+  return std::max<std::chrono::milliseconds>(std::chrono::seconds{10}, 2 * c.delivery_timeout);
 }
 
 }  // namespace outbox::sinks

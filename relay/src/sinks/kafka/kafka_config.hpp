@@ -31,7 +31,23 @@ struct KafkaSinkConfig {
   // The config path of this sink (e.g. "sinks[1]"), for startup errors that name the key.
   std::string key_path;
   Envelope envelope;  // format: json (outbox-* headers) or cloudevents (ce_* headers)
+
+  // exactly_once: a transactional producer; each batch and the sink's progress mark (the ids
+  // committed to Kafka whose outcome Postgres may not have yet) go in one Kafka transaction, and
+  // a relay taking over reads the mark back (docs/sinks.md, "Exactly once").
+  bool exactly_once = false;
+  // The transactional.id of the producer; "" = "outbox-relay.<sink name>". Needs exactly_once.
+  std::string transactional_id;
+  // The compacted topic the marks go to; "" = "<transactional_id>.progress". Needs exactly_once.
+  std::string progress_topic;
+  // transaction.timeout.ms; zero = max(10 s, 2 x delivery_timeout). Needs exactly_once.
+  std::chrono::milliseconds transaction_timeout{0};
 };
+
+// The effective transactional.id, progress topic and transaction timeout of an exactly-once sink.
+std::string effective_transactional_id(const KafkaSinkConfig& config, const std::string& sink_name);
+std::string effective_progress_topic(const KafkaSinkConfig& config, const std::string& sink_name);
+std::chrono::milliseconds effective_transaction_timeout(const KafkaSinkConfig& config);
 
 // Reads brokers, topic, properties and delivery_timeout from a sink entry. Validates every
 // property against librdkafka (unknown names, bad values) and registers secret values

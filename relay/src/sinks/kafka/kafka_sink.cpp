@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include "config/duration.hpp"
@@ -40,6 +43,41 @@ using ConfPtr = CHandle<rd_kafka_conf_t, &rd_kafka_conf_destroy>;
 using TopicPtr = CHandle<rd_kafka_topic_t, &rd_kafka_topic_destroy>;
 using HeadersPtr = CHandle<rd_kafka_headers_t, &rd_kafka_headers_destroy>;
 using ProducerPtr = CHandle<rd_kafka_t, &purge_and_destroy>;
+using ErrorPtr = CHandle<rd_kafka_error_t, &rd_kafka_error_destroy>;
+using ConsumerPtr = CHandle<rd_kafka_t, &rd_kafka_destroy>;
+using PartitionsPtr = CHandle<rd_kafka_topic_partition_list_t, &rd_kafka_topic_partition_list_destroy>;
+using MessagePtr = CHandle<rd_kafka_message_t, &rd_kafka_message_destroy>;
+using NewTopicPtr = CHandle<rd_kafka_NewTopic_t, &rd_kafka_NewTopic_destroy>;
+using QueuePtr = CHandle<rd_kafka_queue_t, &rd_kafka_queue_destroy>;
+using EventPtr = CHandle<rd_kafka_event_t, &rd_kafka_event_destroy>;
+
+constexpr int kProgressPartitions = 64;          // one per lane (marks of lane groups: their group's)
+constexpr milliseconds kTakeoverInterval{1000};  // a failed takeover is tried again this often
+constexpr std::int32_t kGroupPartition = 0;      // lane_groups 1: one group, its mark in partition 0
+constexpr const char* kGroupKey = "g1.0";        // the group's mark key
+
+struct EosCounters {
+  std::atomic<std::uint64_t> committed{0}, aborted{0}, fenced{0}, marks_read{0}, already_committed{0};
+};
+
+// A producer whose transactional.id another instance initialised since: it must publish nothing.
+bool is_fence(rd_kafka_resp_err_t err) {
+  return err == RD_KAFKA_RESP_ERR__FENCED || err == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+         err == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH;
+}
+
+// Test-only switches (tests/integration/test_kafka_exactly_once.py), read once and warned at start.
+bool test_no_readback() {
+  static const bool set = std::getenv("OUTBOX_RELAY_TEST_EOS_NO_READBACK") != nullptr;
+  return set;
+}
+std::string test_hold_point() {
+  static const std::string point = [] {
+    const char* v = std::getenv("OUTBOX_RELAY_TEST_EOS_HOLD");
+    return std::string(v ? v : "");
+  }();
+  return point;
+}
 
 // A producer and the topic handles made from it. Members are destroyed in reverse order: the
 // topic handles first, then the producer.
@@ -79,7 +117,10 @@ log::Level level_for(int syslog_level) {
 // gone: the name lives in the base, which outlives every member.
 struct KafkaSinkImpl final : public KafkaSink {
   KafkaSinkImpl(std::string sink_name, KafkaSinkConfig sink_config)
-      : KafkaSink(std::move(sink_name)), config(std::move(sink_config)) {
+      : KafkaSink(std::move(sink_name)),
+        config(std::move(sink_config)),
+        txn_id(effective_transactional_id(config, name())),
+        progress_topic(effective_progress_topic(config, name())) {
     const auto auto_create = config.properties.find("allow.auto.create.topics");
     topic_auto_create = auto_create == config.properties.end() || auto_create->second == "true";
   }
@@ -89,6 +130,8 @@ struct KafkaSinkImpl final : public KafkaSink {
   std::string destination(const Event& event) const override { return render_topic(config.topic, event.topic); }
 
   const KafkaSinkConfig config;
+  const std::string txn_id;          // exactly_once: the producer's transactional.id
+  const std::string progress_topic;  // exactly_once: where the marks go
   bool topic_auto_create = true;
 
   // Held by publish(), flush() and the idle poller. librdkafka runs our callbacks only inside
@@ -110,6 +153,22 @@ struct KafkaSinkImpl final : public KafkaSink {
   bool batch_open = false;
   std::vector<std::optional<Outcome>> results;
   std::size_t awaiting = 0;  // produced events of this batch without a delivery report yet
+
+  // Exactly once (config.exactly_once). needs_takeover: no producer may publish until the runner's
+  // take_over() made one and read the mark back; set at start and by a fatal error or a fence.
+  std::atomic<bool> needs_takeover{true};
+  // This relay owns every lane of the group, as the last take_over() found; true until then, so
+  // that a sink made by a reload asks the runner for a takeover at once.
+  std::atomic<bool> owns_group{true};
+  SteadyClock::time_point last_takeover_attempt{};
+  bool takeover_failed = false;
+  // The ledger: ids committed to Kafka whose outcome the store may not have (every mark carries
+  // them), and the highest id ever committed. Its own mutex: outcomes_written() trims it on the
+  // loop thread while publish() runs on a helper thread.
+  std::mutex ledger_mutex;
+  std::set<EventId> ledger;
+  EventId high_water = 0;
+  EosCounters eos;
 
   // Between batches: serves statistics and errors, re-creates a failed producer (poll_idle).
   PeriodicThread poller;
@@ -194,10 +253,21 @@ struct KafkaSinkImpl final : public KafkaSink {
 
     set("bootstrap.servers", config.brokers, here + ".brokers");
     set("enable.idempotence", "true", here);
-    // Infinite in librdkafka: a message it times out leaves a gap in its partition's sequence
-    // (1, 4, 5), which could let a later event of a key land while an earlier one is retried.
-    // The batch deadline is ours (delivery_timeout); when it passes the producer is replaced.
-    set("message.timeout.ms", "0", here);
+    if (config.exactly_once) {
+      // librdkafka caps message.timeout.ms at transaction.timeout.ms itself; a message it times
+      // out only aborts its transaction, which leaves no gap a reader could see.
+      set("transactional.id", txn_id, here + ".transactional_id");
+      set("transaction.timeout.ms", std::to_string(effective_transaction_timeout(config).count()),
+          here + ".transaction_timeout");
+      // librdkafka registers a transaction's partitions with the coordinator after linger.ms (to
+      // batch them): on a steady stream every transaction waits it out. publish() flushes anyway.
+      if (!user_sets("linger.ms") && !user_sets("queue.buffering.max.ms")) set("linger.ms", "1", here);
+    } else {
+      // Infinite in librdkafka: a message it times out leaves a gap in its partition's sequence
+      // (1, 4, 5), which could let a later event of a key land while an earlier one is retried.
+      // The batch deadline is ours (delivery_timeout); when it passes the producer is replaced.
+      set("message.timeout.ms", "0", here);
+    }
     if (!user_sets("acks") && !user_sets("request.required.acks")) set("acks", "all", here);
     if (!user_sets("partitioner")) set("partitioner", "murmur2_random", here);
     if (!user_sets("statistics.interval.ms")) set("statistics.interval.ms", "1000", here);
@@ -259,6 +329,12 @@ struct KafkaSinkImpl final : public KafkaSink {
 
   // A healthy producer, replacing a failed one. False (with producer_error) when there is none.
   bool ensure_producer() {
+    if (config.exactly_once) {
+      // Only a takeover (Sink::take_over, from the runner) makes a transactional producer: one made
+      // here could fence the relay that holds the lanes now (a resumed zombie).
+      if (producer && check_fatal(producer->rk.get())) drop_transactional("fatal error: " + fatal_reason);
+      return producer != nullptr && !needs_takeover.load();
+    }
     if (producer && check_fatal(producer->rk.get())) replace_producer("fatal error: " + fatal_reason);
     if (!producer && SteadyClock::now() - last_create_attempt >= kRecreateInterval) {
       last_create_attempt = SteadyClock::now();
@@ -349,7 +425,47 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
   }
 
+  // Produces every event of the batch without an outcome yet, holding a key after an event of it
+  // could not be enqueued (rule 2 in publish()). Marks produced[i] when given. Returns true on
+  // a fatal producer error. Thread: under mutex, batch open.
+  bool produce_events(std::span<const Event* const> events, SteadyClock::time_point deadline,
+                      std::vector<bool>* produced) {
+    rd_kafka_t* rk = producer->rk.get();
+    const std::size_t n = events.size();
+    bool fatal = false;
+    KeyHolds held;
+    for (std::size_t i = 0; i < n && !fatal; ++i) {
+      const Event& event = *events[i];
+      if (results[i]) continue;  // decided before producing (exactly once: already in Kafka)
+      if (held.holds(event.key)) {
+        results[i] = Outcome::deferred();
+        continue;
+      }
+      const std::string topic = render_topic(config.topic, event.topic);
+      if (!valid_kafka_topic_name(topic)) {
+        results[i] = Outcome::permanent("invalid Kafka topic name '" + topic + "' from topic template '" +
+                                        config.topic + "' (1 to 249 of letters, digits, '.', '_', '-')");
+        continue;
+      }
+      const rd_kafka_resp_err_t err = produce(i, event, topic, deadline);
+      if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        ++awaiting;
+        if (produced) (*produced)[i] = true;
+      } else if (err == RD_KAFKA_RESP_ERR__FATAL || check_fatal(rk)) {
+        fatal = true;
+      } else {
+        results[i] = err == RD_KAFKA_RESP_ERR__QUEUE_FULL
+                         ? Outcome::retry(error_text(err) + ": the producer queue stayed full for delivery_timeout")
+                         : outcome_for(err, topic);
+        if (results[i]->kind == OutcomeKind::kRetry) held.hold(event.key, event.id);
+      }
+    }
+
+    return fatal;
+  }
+
   std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    if (config.exactly_once) return publish_transaction(events);
     std::unique_lock lock(mutex);
     const std::size_t n = events.size();
     if (!ensure_producer()) return std::vector<Outcome>(n, Outcome::retry("no Kafka producer: " + producer_error));
@@ -361,7 +477,6 @@ struct KafkaSinkImpl final : public KafkaSink {
     batch_open = true;
     results.assign(n, std::nullopt);
     awaiting = 0;
-    bool fatal = false;
 
     // Per-key order within the batch. The whole batch is produced at once (one round trip, not
     // one per key), so events of one key travel together, and three rules keep them in order:
@@ -383,31 +498,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     //     key.
     // Not producing later events of a key until the earlier one is acknowledged would serialise
     // every key to one round trip per event; rules 1-3 give the same outbox-side guarantee.
-    KeyHolds held;
-    for (std::size_t i = 0; i < n && !fatal; ++i) {
-      const Event& event = *events[i];
-      if (held.holds(event.key)) {
-        results[i] = Outcome::deferred();
-        continue;
-      }
-      const std::string topic = render_topic(config.topic, event.topic);
-      if (!valid_kafka_topic_name(topic)) {
-        results[i] = Outcome::permanent("invalid Kafka topic name '" + topic + "' from topic template '" +
-                                        config.topic + "' (1 to 249 of letters, digits, '.', '_', '-')");
-        continue;
-      }
-      const rd_kafka_resp_err_t err = produce(i, event, topic, deadline);
-      if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-        ++awaiting;
-      } else if (err == RD_KAFKA_RESP_ERR__FATAL || check_fatal(rk)) {
-        fatal = true;
-      } else {
-        results[i] = err == RD_KAFKA_RESP_ERR__QUEUE_FULL
-                         ? Outcome::retry(error_text(err) + ": the producer queue stayed full for delivery_timeout")
-                         : outcome_for(err, topic);
-        if (results[i]->kind == OutcomeKind::kRetry) held.hold(event.key, event.id);
-      }
-    }
+    bool fatal = produce_events(events, deadline, nullptr);
 
     // rd_kafka_flush() sends at once (ignoring linger.ms) and serves delivery reports until
     // nothing is outstanding. Only this batch can be outstanding: an earlier batch either got
@@ -449,7 +540,408 @@ struct KafkaSinkImpl final : public KafkaSink {
     return outcomes;
   }
 
-  bool usable() const override { return producer_ok.load() && reachable.load(); }
+  // --- exactly once (config.exactly_once) ---
+
+  // One lane group (all 64 lanes, one transactional id): one relay of those sharing the table
+  // publishes, the others stand by.
+  int lane_groups() const override { return config.exactly_once ? 1 : 0; }
+  bool wants_takeover() const override { return config.exactly_once && needs_takeover.load() && owns_group.load(); }
+
+  std::optional<TransactionCounts> transaction_counts() const override {
+    if (!config.exactly_once) return std::nullopt;
+    return TransactionCounts{eos.committed.load(), eos.aborted.load(), eos.fenced.load(), eos.marks_read.load(),
+                             eos.already_committed.load()};
+  }
+
+  // The producer is done for: nothing more of it is sent, and only a takeover makes the next one.
+  void drop_transactional(const std::string& why, rd_kafka_resp_err_t code = RD_KAFKA_RESP_ERR_NO_ERROR) {
+    char text[512] = {};
+    const rd_kafka_resp_err_t origin =
+        producer ? rd_kafka_fatal_error(producer->rk.get(), text, sizeof text) : RD_KAFKA_RESP_ERR_NO_ERROR;
+    if (is_fence(code) || is_fence(origin)) note_fenced(why);
+    producer.reset();
+    producer_ok = false;
+    needs_takeover = true;
+    fatal_reason.clear();
+    ++replacements;
+    log::warn("kafka transactional producer dropped; the lanes are taken over again before anything is published",
+              {{"sink", name()}, {"reason", why}});
+  }
+
+  void note_fenced(const std::string& why) {
+    ++eos.fenced;
+    log::error("kafka producer fenced: another relay initialised transactional id " + txn_id +
+                   " (it took these lanes over); this relay publishes nothing more with it",
+               {{"sink", name()}, {"reason", why}});
+  }
+
+  // A transactional call's error: the text, freed.
+  static std::string describe(const rd_kafka_error_t* error) {
+    return std::string(rd_kafka_error_name(error)) + ": " + rd_kafka_error_string(error);
+  }
+
+  // Creates the progress topic if it does not exist (64 partitions, compacted). False with error.
+  bool ensure_progress_topic(rd_kafka_t* rk, std::string& error) {
+    char text[512] = {};
+    NewTopicPtr topic(rd_kafka_NewTopic_new(progress_topic.c_str(), kProgressPartitions, -1, text, sizeof text));
+    if (!topic) {
+      error = text;
+      return false;
+    }
+    rd_kafka_NewTopic_set_config(topic.get(), "cleanup.policy", "compact");
+    QueuePtr queue(rd_kafka_queue_new(rk));
+    rd_kafka_NewTopic_t* topics[] = {topic.get()};
+    rd_kafka_CreateTopics(rk, topics, 1, nullptr, queue.get());
+    EventPtr event(rd_kafka_queue_poll(queue.get(), clamp_ms(config.delivery_timeout * 2)));
+    if (!event) {
+      error = "no answer to CreateTopics for " + progress_topic;
+      return false;
+    }
+    if (rd_kafka_event_error(event.get()) != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      error = rd_kafka_event_error_string(event.get());
+      return false;
+    }
+    const rd_kafka_CreateTopics_result_t* result = rd_kafka_event_CreateTopics_result(event.get());
+    std::size_t count = 0;
+    const rd_kafka_topic_result_t** results_of = rd_kafka_CreateTopics_result_topics(result, &count);
+    for (std::size_t i = 0; i < count; ++i) {
+      const rd_kafka_resp_err_t err = rd_kafka_topic_result_error(results_of[i]);
+      if (err != RD_KAFKA_RESP_ERR_NO_ERROR && err != RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
+        error = "cannot create the progress topic " + progress_topic + ": " + error_text(err);
+        return false;
+      }
+      if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+        log::info("kafka progress topic created", {{"sink", name()}, {"topic", progress_topic}});
+    }
+    return true;
+  }
+
+  struct Mark {
+    EventId high_water = 0;
+    std::vector<EventId> ids;
+  };
+
+  // Reads the group's last committed mark (read_committed): nullopt on failure (error set), an
+  // empty Mark when the group never committed one. Only after this instance's init_transactions:
+  // nothing older can commit afterwards, so what it reads is final.
+  std::optional<Mark> read_mark(std::string& error) {
+    ConfPtr conf(rd_kafka_conf_new());
+    char text[512] = {};
+    const auto set = [&](const char* key, const std::string& value) {
+      return rd_kafka_conf_set(conf.get(), key, value.c_str(), text, sizeof text) == RD_KAFKA_CONF_OK;
+    };
+    // The user's properties first (security, client settings); producer-only ones are ignored.
+    for (const auto& [key, value] : config.properties) static_cast<void>(set(key.c_str(), value));
+    if (!set("bootstrap.servers", config.brokers) || !set("group.id", txn_id + ".readback") ||
+        !set("isolation.level", "read_committed") || !set("enable.partition.eof", "true") ||
+        !set("enable.auto.commit", "false") || !set("enable.auto.offset.store", "false")) {
+      error = std::string("mark reader configuration: ") + text;
+      return std::nullopt;
+    }
+    rd_kafka_conf_set_opaque(conf.get(), this);
+    rd_kafka_conf_set_log_cb(conf.get(), &KafkaSinkImpl::on_log);
+    rd_kafka_t* raw = rd_kafka_new(RD_KAFKA_CONSUMER, conf.get(), text, sizeof text);
+    if (!raw) {
+      error = std::string("cannot create the mark reader: ") + text;
+      return std::nullopt;
+    }
+    static_cast<void>(conf.release());
+    ConsumerPtr rk(raw);
+    const int timeout = clamp_ms(config.delivery_timeout * 2);
+    std::int64_t low = 0;
+    std::int64_t high = 0;
+    // With read_committed, high is the last stable offset.
+    if (const auto err =
+            rd_kafka_query_watermark_offsets(rk.get(), progress_topic.c_str(), kGroupPartition, &low, &high, timeout);
+        err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      error = "cannot read the offsets of " + progress_topic + ": " + error_text(err);
+      return std::nullopt;
+    }
+    Mark mark;
+    if (low >= high) return mark;
+    // Each transaction adds the mark and a commit marker: the last mark is near the end.
+    for (const std::int64_t back : {std::int64_t{8}, std::int64_t{64}, high - low}) {
+      const std::int64_t start = std::max(low, high - back);
+      PartitionsPtr list(rd_kafka_topic_partition_list_new(1));
+      rd_kafka_topic_partition_list_add(list.get(), progress_topic.c_str(), kGroupPartition)->offset = start;
+      if (const auto err = rd_kafka_assign(rk.get(), list.get()); err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        error = "cannot assign the mark partition: " + error_text(err);
+        return std::nullopt;
+      }
+      std::optional<std::string> last;
+      const auto deadline = SteadyClock::now() + config.delivery_timeout * 2;
+      bool eof = false;
+      while (!eof) {
+        if (SteadyClock::now() >= deadline) {
+          error = "timed out reading the mark from " + progress_topic;
+          return std::nullopt;
+        }
+        MessagePtr message(rd_kafka_consumer_poll(rk.get(), 200));
+        if (!message) continue;
+        if (message->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+          eof = true;
+        } else if (message->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+          error = "reading the mark: " + error_text(message->err);
+          return std::nullopt;
+        } else if (message->key_len == std::char_traits<char>::length(kGroupKey) &&
+                   std::string_view(static_cast<const char*>(message->key), message->key_len) == kGroupKey) {
+          last.emplace(static_cast<const char*>(message->payload), message->len);
+        }
+      }
+      rd_kafka_assign(rk.get(), nullptr);
+      if (!last) continue;
+      const auto doc = nlohmann::json::parse(*last, nullptr, /*allow_exceptions=*/false);
+      if (!doc.is_object() || doc.value("v", 0) != 1 || !doc.contains("ids") || !doc["ids"].is_array()) {
+        error = "the last mark in " + progress_topic + " is not a mark of version 1: " + *last;
+        return std::nullopt;
+      }
+      mark.high_water = doc.value("hw", EventId{0});
+      for (const auto& id : doc["ids"]) mark.ids.push_back(id.get<EventId>());
+      return mark;
+    }
+    return mark;
+  }
+
+  std::vector<EventId> take_over(int lanes_owned, bool gained) override {
+    if (!config.exactly_once) return {};
+    std::lock_guard lock(mutex);
+    owns_group = lanes_owned == kLaneCount;
+    if (!owns_group.load()) {
+      // Another relay owns (or is about to own) the group: its producer fences this one anyway;
+      // never init here, which would fence it.
+      if (producer) {
+        producer.reset();
+        producer_ok = false;
+        log::info("kafka transactional producer closed: this relay no longer owns the lanes", {{"sink", name()}});
+      }
+      needs_takeover = true;
+      return {};
+    }
+    if (gained) needs_takeover = true;  // whoever held them meanwhile may have committed
+    if (!needs_takeover.load()) return {};
+    const auto now = SteadyClock::now();
+    if (takeover_failed && now - last_takeover_attempt < kTakeoverInterval) return {};
+    last_takeover_attempt = now;
+    takeover_failed = true;  // until it succeeds below
+    producer.reset();
+    producer_ok = false;
+    std::string error;
+    auto made = create_producer(error);
+    if (!made) {
+      log::error("kafka takeover: cannot create the transactional producer", {{"sink", name()}, {"error", error}});
+      return {};
+    }
+    // Fences every earlier instance of txn_id and completes (aborts, or rolls forward if it was
+    // already committing) its open transaction. Retriable errors: call again.
+    const auto deadline = now + 2 * effective_transaction_timeout(config);
+    for (;;) {
+      ErrorPtr failed(rd_kafka_init_transactions(made->rk.get(), clamp_ms(effective_transaction_timeout(config))));
+      if (!failed) break;
+      if (!rd_kafka_error_is_retriable(failed.get()) || SteadyClock::now() >= deadline) {
+        log::error("kafka takeover: init_transactions failed; retried",
+                   {{"sink", name()}, {"error", describe(failed.get())}});
+        return {};
+      }
+    }
+    if (!ensure_progress_topic(made->rk.get(), error)) {
+      log::error("kafka takeover: no progress topic; retried", {{"sink", name()}, {"error", error}});
+      return {};
+    }
+    Mark mark;
+    if (test_no_readback()) {
+      log::warn("kafka takeover: OUTBOX_RELAY_TEST_EOS_NO_READBACK is set: the mark is not read (test only)",
+                {{"sink", name()}});
+    } else {
+      auto read = read_mark(error);
+      if (!read) {
+        log::error("kafka takeover: cannot read the mark back; retried", {{"sink", name()}, {"error", error}});
+        return {};
+      }
+      mark = std::move(*read);
+      ++eos.marks_read;
+    }
+    {
+      std::lock_guard ledger_lock(ledger_mutex);
+      ledger = std::set<EventId>(mark.ids.begin(), mark.ids.end());
+      high_water = std::max(high_water, mark.high_water);
+    }
+    producer = std::move(made);
+    producer_ok = true;
+    needs_takeover = false;
+    takeover_failed = false;
+    log::info("kafka takeover: producer initialised, mark read back", {{"sink", name()},
+                                                                       {"transactional_id", txn_id},
+                                                                       {"high_water", mark.high_water},
+                                                                       {"committed_not_marked", mark.ids.size()}});
+    return mark.ids;
+  }
+
+  void keep_pending(std::span<const EventId> still_pending) override {
+    std::lock_guard ledger_lock(ledger_mutex);
+    ledger = std::set<EventId>(still_pending.begin(), still_pending.end());
+  }
+
+  void outcomes_written(std::span<const Completion> completions) override {
+    if (!config.exactly_once) return;
+    std::lock_guard ledger_lock(ledger_mutex);
+    if (ledger.empty()) return;
+    for (const Completion& c : completions) {
+      // Only an outcome that ends this sink's part: a retry for another sink, or held back by the
+      // loop, comes again and must be skipped then.
+      const bool done = c.kind == Completion::Kind::kDelivered || c.kind == Completion::Kind::kDeadLetter ||
+                        std::find(c.sinks_done.begin(), c.sinks_done.end(), name()) != c.sinks_done.end();
+      if (done) ledger.erase(c.id);
+    }
+  }
+
+  std::string mark_value(const std::vector<EventId>& ids, EventId hw) const {
+    return nlohmann::json{{"v", 1}, {"hw", hw}, {"ids", ids}, {"groups", 1}, {"txn", txn_id}}.dump();
+  }
+
+  // A transactional call failed: the events of the batch retry; a fatal error or a fence drops
+  // the producer (only a takeover makes another).
+  std::vector<Outcome> failed_transaction(std::size_t n, const std::string& where, const rd_kafka_error_t* error) {
+    const std::string why = where + ": " + describe(error);
+    drop_transactional(why, rd_kafka_error_code(error));
+    return std::vector<Outcome>(n, Outcome::retry("kafka transaction failed, batch retried: " + why));
+  }
+
+  void test_hold(const char* point, std::size_t n) {
+    static std::atomic<bool> held{false};
+    if (test_hold_point() != point || n < 50 || held.exchange(true)) return;
+    const char* seconds = std::getenv("OUTBOX_RELAY_TEST_EOS_HOLD_SECONDS");
+    const int hold = seconds ? std::atoi(seconds) : 120;
+    log::warn(std::string("eos test hold ") + point, {{"sink", name()}, {"events", n}, {"seconds", hold}});
+    std::this_thread::sleep_for(std::chrono::seconds(hold));
+  }
+
+  std::vector<Outcome> publish_transaction(std::span<const Event* const> events) {
+    std::unique_lock lock(mutex);
+    const std::size_t n = events.size();
+    if (!ensure_producer()) {
+      needs_takeover = true;
+      return std::vector<Outcome>(n, Outcome::retry("kafka exactly once: waiting for the takeover of the lanes"));
+    }
+    rd_kafka_t* rk = producer->rk.get();
+    const auto deadline = SteadyClock::now() + config.delivery_timeout;
+    ++generation;
+    batch_open = true;
+    results.assign(n, std::nullopt);
+    awaiting = 0;
+    std::size_t skipped = 0;
+    {
+      std::lock_guard ledger_lock(ledger_mutex);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (ledger.count(events[i]->id) > 0) {
+          results[i] = Outcome::delivered();  // committed in an earlier transaction, not yet marked
+          ++skipped;
+        }
+      }
+    }
+    eos.already_committed += skipped;
+    if (skipped == n) {
+      batch_open = false;
+      return std::vector<Outcome>(n, Outcome::delivered());
+    }
+    if (ErrorPtr failed(rd_kafka_begin_transaction(rk)); failed) {
+      batch_open = false;
+      return failed_transaction(n, "begin_transaction", failed.get());
+    }
+    std::vector<bool> produced(n, false);
+    bool fatal = produce_events(events, deadline, &produced);
+    std::vector<EventId> mark_ids;
+    EventId hw = 0;
+    {
+      std::lock_guard ledger_lock(ledger_mutex);
+      mark_ids.assign(ledger.begin(), ledger.end());
+      hw = high_water;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!produced[i]) continue;
+      mark_ids.push_back(events[i]->id);
+      hw = std::max(hw, events[i]->id);
+    }
+    std::sort(mark_ids.begin(), mark_ids.end());
+    if (!fatal) {
+      const std::string value = mark_value(mark_ids, hw);
+      const rd_kafka_resp_err_t err =
+          rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(progress_topic.c_str()), RD_KAFKA_V_PARTITION(kGroupPartition),
+                            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                            RD_KAFKA_V_KEY(kGroupKey, std::char_traits<char>::length(kGroupKey)),
+                            RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
+                            RD_KAFKA_V_OPAQUE(message_tag(generation, n)), RD_KAFKA_V_END);  // index n: not an event
+      fatal = err != RD_KAFKA_RESP_ERR_NO_ERROR;
+      if (fatal) check_fatal(rk);
+    }
+    // Sends at once (ignoring linger.ms) and serves the delivery reports; the commit then only
+    // ends the transaction.
+    if (!fatal) rd_kafka_flush(rk, clamp_ms(deadline - SteadyClock::now()));
+    test_hold("before_commit", n);
+    ErrorPtr failed;
+    if (!fatal) {
+      // -1: the remaining transaction time (other values risk librdkafka's state, rdkafka.h).
+      // A retriable error leaves the commit going on: call again, never abort.
+      for (int tries = 0;; ++tries) {
+        failed.reset(rd_kafka_commit_transaction(rk, -1));
+        if (!failed || !rd_kafka_error_is_retriable(failed.get()) || tries >= 3) break;
+      }
+    }
+    batch_open = false;
+    if (!fatal && !failed) {
+      test_hold("after_commit", n);
+      ++eos.committed;
+      std::vector<Outcome> outcomes;
+      outcomes.reserve(n);
+      {
+        std::lock_guard ledger_lock(ledger_mutex);
+        for (std::size_t i = 0; i < n; ++i) {
+          if (produced[i]) {
+            ledger.insert(events[i]->id);
+            outcomes.push_back(Outcome::delivered());
+          } else {
+            outcomes.push_back(results[i] ? std::move(*results[i]) : Outcome::retry("not produced"));
+          }
+        }
+        high_water = std::max(high_water, hw);
+      }
+      reachable = true;
+      log_batch("kafka", name(), outcomes);
+      return outcomes;
+    }
+    if (fatal || !rd_kafka_error_txn_requires_abort(failed.get())) {
+      // Fatal, or a commit whose outcome is in doubt: the takeover's mark says which.
+      return failed ? failed_transaction(n, "commit_transaction", failed.get())
+                    : (drop_transactional("fatal producer error: " + fatal_reason),
+                       std::vector<Outcome>(n, Outcome::retry("fatal Kafka producer error, batch retried")));
+    }
+    const std::string why = describe(failed.get());
+    if (ErrorPtr abort_failed(rd_kafka_abort_transaction(rk, -1)); abort_failed) {
+      return failed_transaction(n, "abort_transaction", abort_failed.get());
+    }
+    ++eos.aborted;
+    // Aborted: nothing of it is visible. An event its delivery report called permanent is
+    // dead-lettered; the others retry.
+    std::vector<Outcome> outcomes;
+    outcomes.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (produced[i]) {
+        const bool permanent = results[i] && results[i]->kind == OutcomeKind::kPermanent;
+        outcomes.push_back(permanent ? std::move(*results[i]) : Outcome::retry("kafka transaction aborted: " + why));
+      } else {
+        outcomes.push_back(results[i] ? std::move(*results[i]) : Outcome::retry("kafka transaction aborted: " + why));
+      }
+    }
+    log::warn("kafka transaction aborted; its events retry", {{"sink", name()}, {"error", why}, {"events", n}});
+    log_batch("kafka", name(), outcomes);
+    return outcomes;
+  }
+
+  bool usable() const override {
+    // Exactly once, standing by (another relay owns the lane group): no producer, nothing to
+    // publish; the relay is ready to take over.
+    if (config.exactly_once && !owns_group.load()) return true;
+    return producer_ok.load() && reachable.load();
+  }
   std::uint64_t producer_replacements() const override { return replacements.load(); }
 
   void flush(milliseconds timeout) override {
@@ -470,9 +962,18 @@ std::unique_ptr<KafkaSink> make_kafka_sink(std::string name, KafkaSinkConfig con
   auto sink = std::make_unique<KafkaSinkImpl>(std::move(name), std::move(config));
   KafkaSinkImpl& s = *sink;
   std::string error;
-  s.producer = s.create_producer(error);
-  if (!s.producer) throw config::ConfigError(error);
-  s.producer_ok = true;
+  if (s.config.exactly_once) {
+    // Checks the configuration now (exit 2 naming the key); the producer that publishes is made by
+    // the runner's takeover, once this relay holds the lanes.
+    if (!s.create_producer(error)) throw config::ConfigError(error);
+    if (test_no_readback()) log::warn("OUTBOX_RELAY_TEST_EOS_NO_READBACK is set: takeovers skip the mark (test only)");
+    if (!test_hold_point().empty())
+      log::warn("OUTBOX_RELAY_TEST_EOS_HOLD is set (test only)", {{"point", test_hold_point()}});
+  } else {
+    s.producer = s.create_producer(error);
+    if (!s.producer) throw config::ConfigError(error);
+    s.producer_ok = true;
+  }
   s.last_create_attempt = SteadyClock::now();
   s.poller.start(kIdlePollInterval, [&s] { s.poll_idle(); });  // ~KafkaSinkImpl stops it first
   log::info("kafka producer created", {{"sink", s.name()},

@@ -95,6 +95,36 @@ TEST_CASE("kafka config: errors name the key and what was expected") {
         "sinks[0].properties: expected a mapping of strings");
 }
 
+TEST_CASE("kafka config: exactly_once and its keys") {
+  const auto plain = outbox::testing::sink_settings(entry.config("    brokers: b:1\n"), 0, sinks::parse_kafka_sink);
+  CHECK_FALSE(plain.exactly_once);
+  const auto c = entry.config("    brokers: b:1\n    exactly_once: true\n");
+  const auto k = outbox::testing::sink_settings(c, 0, sinks::parse_kafka_sink);
+  CHECK(k.exactly_once);
+  CHECK(sinks::effective_transactional_id(k, "orders") == "outbox-relay.orders");
+  CHECK(sinks::effective_progress_topic(k, "orders") == "outbox-relay.orders.progress");
+  CHECK(sinks::effective_transaction_timeout(k) == std::chrono::seconds{10});
+  const auto full =
+      outbox::testing::sink_settings(entry.config("    brokers: b:1\n    exactly_once: true\n    delivery_timeout: 8s\n"
+                                                  "    transactional_id: tx.orders\n    progress_topic: p.orders\n"),
+                                     0, sinks::parse_kafka_sink);
+  CHECK(sinks::effective_transactional_id(full, "orders") == "tx.orders");
+  CHECK(sinks::effective_progress_topic(full, "orders") == "p.orders");
+  CHECK(sinks::effective_transaction_timeout(full) == std::chrono::seconds{16});
+  CHECK(outbox::testing::describe_with_sinks(c)["sinks"][0]["exactly_once"] == true);
+
+  CHECK(entry.error_of("    brokers: b:1\n    transactional_id: t\n") ==
+        "sinks[0].transactional_id: only with exactly_once: true");
+  CHECK(entry.error_of("    brokers: b:1\n    exactly_once: true\n    transactional_id: 'a b'\n")
+            .find("sinks[0].transactional_id: expected") == 0);
+  CHECK(entry.error_of("    brokers: b:1\n    exactly_once: true\n    progress_topic: 'a/b'\n")
+            .find("sinks[0].progress_topic:") == 0);
+  CHECK(entry.error_of("    brokers: b:1\n    exactly_once: true\n    transaction_timeout: 1s\n")
+            .find("sinks[0].transaction_timeout: expected delivery_timeout") == 0);
+  CHECK(entry.error_of("    brokers: b:1\n    exactly_once: true\n    properties: {transaction.timeout.ms: 9000}\n")
+            .find("sinks[0].properties.transaction.timeout.ms: not allowed with exactly_once") == 0);
+}
+
 TEST_CASE("kafka config: topic templates") {
   CHECK_FALSE(sinks::check_topic_template("{topic}"));
   CHECK_FALSE(sinks::check_topic_template("outbox.{topic}"));
