@@ -67,7 +67,8 @@ class Sink {
   // For the relay's spans (core/tracing.hpp), read only while tracing is on: OpenTelemetry's
   // messaging.system (its value where the semantic conventions list one, else the sink type; a
   // static string), and messaging.destination.name of an event: where this sink sends it (the
-  // rendered topic, subject, exchange or stream; a webhook sink's name: its URL may carry a secret). Default: the row's topic.
+  // rendered topic, subject, exchange or stream; a webhook sink's name: its URL may carry a secret). Default: the row's
+  // topic.
   virtual const char* messaging_system() const { return "outbox-relay"; }
   virtual std::string destination(const Event& event) const { return event.topic; }
 
