@@ -730,10 +730,16 @@ class TakeoverSink final : public NamedSink {
   }
   bool wants_takeover() const override { return wants; }
   std::vector<EventId> take_over(int lanes_owned, bool gained) override {
-    takeovers.push_back({store_.rebalances.size(), lanes_owned, gained, clock_.t});
+    takeovers.push_back(
+        {store_.rebalances.size(), lanes_owned, gained, clock_.t, store_.claims.size() + store_.probes.size()});
+    if (failing_takeovers > 0) {
+      --failing_takeovers;  // the broker cannot be reached: it still wants one
+      return {};
+    }
     wants = false;
     return {7, 8};
   }
+  void store_identity(const std::string& identity) override { identities.push_back(identity); }
   void keep_pending(std::span<const EventId> pending) override { kept.assign(pending.begin(), pending.end()); }
   void outcomes_written(std::span<const Completion> completions) override {
     for (const auto& c : completions) written.push_back(c.id);
@@ -743,14 +749,17 @@ class TakeoverSink final : public NamedSink {
     int lanes_owned;
     bool gained;
     Time at;
+    std::size_t claims_before;  // claims and polls so far
   };
   const FakeStore& store_;
   const FakeClock& clock_;
   bool wants = true;
   int batches = 0;
   int fence_after = 0;
+  int failing_takeovers = 0;
   std::vector<Call> takeovers;
   std::vector<EventId> ids, kept, written;
+  std::vector<std::string> identities;
 };
 
 }  // namespace
@@ -780,4 +789,24 @@ TEST_CASE("runner: a sink that keeps progress downstream takes over right after 
   CHECK(sink.ids == std::vector<EventId>{1, 2, 3});
   // The loop told the sink each outcome it wrote.
   CHECK(sink.written == std::vector<EventId>{1, 2, 3});
+}
+
+TEST_CASE(
+    "runner: while a sink's takeover fails, nothing is claimed (no event pays an attempt for it); then all flows") {
+  Fixture f;
+  f.waiter.stop_at = at(12'000);
+  TakeoverSink sink(f.store, f.clock);
+  sink.failing_takeovers = 3;
+  const Router router{{}, 1};
+  RelayLoop loop{f.store,           {&sink}, router, f.clock, f.metrics, outbox::testing::loop_options(10, 5, {}),
+                 [] { return 0.0; }};
+  f.store.batches = {{event(1), event(2)}, {}};
+  Runner runner(loop, f.store, f.waiter, f.clock, f.metrics, f.health, f.options, [] { return 0.0; });
+  runner.run();
+  REQUIRE(sink.takeovers.size() >= 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(sink.takeovers[i].claims_before == 0);  // none before it succeeded
+  CHECK(sink.ids == std::vector<EventId>{1, 2});
+  CHECK(sink.written == std::vector<EventId>{1, 2});
+  // The store's identity is handed over before every takeover.
+  CHECK(sink.identities.size() == sink.takeovers.size());
 }
