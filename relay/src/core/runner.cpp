@@ -1,6 +1,7 @@
 #include "core/runner.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "log/log.hpp"
 
@@ -46,6 +47,7 @@ bool Runner::sinks_want_takeover() const {
 
 void Runner::take_over_sinks(bool gained) {
   // Right after a successful rebalance, with nothing claimed or in flight (Sink::take_over).
+  const bool wanted = sinks_want_takeover();
   const int owned = store_.lanes_owned();
   const std::string identity = store_.identity();
   for (Sink* sink : loop_.sinks()) {
@@ -54,6 +56,7 @@ void Runner::take_over_sinks(bool gained) {
     if (held.empty()) continue;
     sink->keep_pending(store_.still_pending(held));
   }
+  if (wanted && !sinks_want_takeover()) took_over_ = true;
 }
 
 void Runner::rebalance_for_sinks() {
@@ -204,14 +207,13 @@ void Runner::session() {
       take_over_sinks(gained);
       next_rebalance_ = now + options_.rebalance_interval;
     }
-    bool takeover_pending = false;
-    if (sinks_want_takeover()) {
-      rebalance_for_sinks();
-      takeover_pending = sinks_want_takeover();
-      // Until it succeeds, nothing is claimed (each claim would only be handed back: an event
-      // must not pay an attempt, nor be dead-lettered, for the sink's trouble); then all of it.
-      if (!takeover_pending) drain_needed = true;
-    }
+    // Until a takeover succeeds, nothing is claimed (each claim would only be handed back: an
+    // event must not pay an attempt, nor be dead-lettered, for the sink's trouble). After one
+    // (here or at the rebalance above), a drain from the start: the batch the sink handed back
+    // when it failed lies below what the next poll would look above.
+    if (sinks_want_takeover()) rebalance_for_sinks();
+    const bool takeover_pending = sinks_want_takeover();
+    if (std::exchange(took_over_, false)) drain_needed = true;
     // Polls are paced from the start of the previous one, so that an event waits at most about
     // one poll_interval for the poll that claims it, whatever that poll's own work took.
     if ((drain_needed || poll_due) && !takeover_pending) {
