@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <deque>
 
@@ -44,19 +45,22 @@ bool wait_fd(int fd, short events, Clock::time_point deadline) {
 }  // namespace
 
 void append_command(std::string& out, const std::vector<std::string_view>& args) {
-  std::vector<const char*> argv;
-  std::vector<std::size_t> lengths;
-  argv.reserve(args.size());
-  lengths.reserve(args.size());
+  // RESP, as redisFormatCommandArgv writes it, straight into `out` (no allocation per command).
+  const auto append_number = [&out](std::size_t n) {
+    char digits[24];
+    const auto [end, ec] = std::to_chars(std::begin(digits), std::end(digits), n);
+    out.append(digits, static_cast<std::size_t>(end - digits));
+  };
+  out += '*';
+  append_number(args.size());
+  out += "\r\n";
   for (const auto& a : args) {
-    argv.push_back(a.data());
-    lengths.push_back(a.size());
+    out += '$';
+    append_number(a.size());
+    out += "\r\n";
+    out.append(a);
+    out += "\r\n";
   }
-  char* command = nullptr;
-  const int n = redisFormatCommandArgv(&command, static_cast<int>(argv.size()), argv.data(), lengths.data());
-  if (n < 0 || !command) throw std::bad_alloc();
-  out.append(command, static_cast<std::size_t>(n));
-  redisFreeCommand(command);
 }
 
 struct Connection::Impl {

@@ -20,7 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 using ReplyPtr = CHandle<redisReply, &freeReplyObject>;
 
-// Appends one command in RESP to out (hiredis's redisFormatCommandArgv).
+// Appends one command in RESP to out (what hiredis's redisFormatCommandArgv writes).
 void append_command(std::string& out, const std::vector<std::string_view>& args);
 
 class Connection {

@@ -37,6 +37,7 @@ Outcome error_outcome(const std::string& error, const std::string& stream) {
 }
 
 std::string headers_json(const Event& event) {
+  if (event.headers.empty()) return "{}";
   nlohmann::json headers = nlohmann::json::object();
   for (const auto& [name, value] : event.headers) headers[name] = value;
   return headers.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
