@@ -23,8 +23,9 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from conftest import (Writers, base_config, free_port, http_get, metric, pending, rows_by_id, run_config, unique,
-                      wait_until)
+import psycopg
+from conftest import (Database, Writers, base_config, free_port, http_get, metric, pending, rows_by_id, run_config,
+                      unique, wait_until)
 from kafka_fixtures import Message, check_order, kafka_broker, own_kafka_broker  # noqa: F401
 
 
@@ -338,12 +339,68 @@ def test_reload_rebuilds_the_sink_with_a_takeover_and_refuses_to_turn_it_off(db,
     relay.config_path.write_text(json.dumps(off))
     relay.proc.send_signal(signal.SIGHUP)
     relay.wait_log("config reload refused")
+    # A new transactional id would neither fence the old one nor read its mark: refused too.
+    renamed = json.loads(json.dumps(changed))
+    renamed["sinks"][0]["transactional_id"] = unique("outbox-eos-renamed")
+    relay.config_path.write_text(json.dumps(renamed))
+    relay.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: sum(l.get("msg") == "config reload refused, nothing changed" for l in relay.logs()) >= 2,
+               timeout=30, message="the second reload refused")
     writers.join()
     wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows")
     assert_exactly_once(db, kafka_broker.bootstrap, kafka_topic, expected_rows=2000)
     assert relay.alive()
-    refused = next(l for l in relay.logs() if l.get("msg") == "config reload refused, nothing changed")
-    assert "exactly_once" in json.dumps(refused)
+    refused = [l for l in relay.logs() if l.get("msg") == "config reload refused, nothing changed"]
+    assert "exactly_once" in json.dumps(refused[0])
+    assert "transactional_id" in json.dumps(refused[1])
+    assert stats_from_logs(relay)["takeovers"] == 2  # neither refused reload made a producer
+
+
+@pytest.fixture
+def other_db(cluster):
+    """A second migrated database in the cluster (the db fixture's twin)."""
+    name = "t_" + uuid.uuid4().hex[:10]
+    with psycopg.connect(cluster.url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    other = Database(cluster, name)
+    other.migrate()
+    yield other
+    with psycopg.connect(cluster.url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+def test_two_tables_under_one_transactional_id_lose_nothing(db, other_db, relays, kafka_broker):
+    """Two databases' relays configured with one transactional id (the default id names only the
+    sink): the second's takeover reads the first's mark, which names another table, and refuses:
+    it marks none of its rows delivered on the strength of the other table's ids (the ids of two
+    tables overlap), publishes nothing, says so and is not ready; the first goes on, exactly once."""
+    other = other_db
+    row_topic = unique("eos-two-tables")
+    kafka_topic = "outbox." + row_topic
+    kafka_broker.create_topic(kafka_topic, partitions=3)
+    config = relay_config(db, kafka_broker, "outbox.{topic}")
+    first = relays(config)
+    first.wait_log("kafka takeover: producer initialised")
+    first_ids = db.insert([(row_topic, f"k{i % 10}", {"n": i}) for i in range(200)])
+    wait_until(lambda: pending(db) == 0, timeout=60, message="the first table delivered")
+    # The same ids exist in the other table: a takeover that took the mark as its own would mark them delivered.
+    other_ids = other.insert([(row_topic, f"k{i % 10}", {"n": i}) for i in range(200)])
+    assert set(other_ids) & set(first_ids)
+    port = free_port()
+    second_config = base_config(other, config["sinks"], backoff={"initial": "100ms", "max": "1s"}, lease="10s")
+    second = relays({**second_config, "http": {"enabled": True, "listen": f"127.0.0.1:{port}"}})
+    second.wait_log("kafka takeover refused")
+    refused = next(l for l in second.logs() if l.get("msg", "").startswith("kafka takeover refused"))
+    assert refused["mark_table"].endswith("/" + db.name + "/outbox_events"), refused
+    assert refused["this_table"].endswith("/" + other.name + "/outbox_events"), refused
+    more = db.insert([(row_topic, f"k{i % 10}", {"n": i}) for i in range(200, 400)])
+    wait_until(lambda: pending(db) == 0, timeout=60, message="the first table goes on after being fenced once")
+    time.sleep(2)
+    assert pending(other) == len(other_ids), "the refusing relay marked none of its rows delivered"
+    assert http_get(port, "/readyz")[0] != 200
+    assert sum(l.get("msg") == "kafka takeover: producer initialised, mark read back" for l in second.logs()) == 0
+    assert_exactly_once(db, kafka_broker.bootstrap, kafka_topic, expected_rows=len(first_ids) + len(more))
 
 
 def test_a_standby_relay_is_ready(db, relays, kafka_broker):

@@ -111,6 +111,14 @@ std::optional<SinkGeneration> Reloader::read_next(config::ConfigDiff& diff) {
                   "to turn it on or off"});
     return std::nullopt;
   }
+  if (progress_locations_of(g.sinks) != progress_locations_of(current_.sinks)) {
+    // A new transactional id neither fences the old one's producers nor reads its mark: what the
+    // old one committed but the table has not marked would go out again (docs/sinks.md).
+    refuse(text, {"sinks: an exactly_once sink's transactional_id, progress_topic or name (which names both by "
+                  "default) cannot change by a reload: stop every relay of the table with SIGTERM, then start them "
+                  "with the new config"});
+    return std::nullopt;
+  }
   g.router = std::make_unique<Router>(make_router(next));
   g.config = std::move(next);
   return g;

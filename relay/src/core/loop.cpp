@@ -177,9 +177,17 @@ std::vector<Event> RelayLoop::claim(bool probe, long long floor) {
     // (or a dead letter, a release) must be written before the claim, whose head-of-line rule
     // holds back the later events of its key.
     take_delayed();
-    events = store_.probe_claim(options_.batch_size, pending_);  // throws: pending_ stays
-    note_written(pending_);
-    pending_.clear();
+    if (durable_outcomes()) {
+      // A claim writes its outcomes with synchronous_commit off; a sink that trims what it keeps
+      // downstream once an outcome is written (Kafka exactly once) needs them to survive a crash
+      // of Postgres: written first, durably (Store::complete), in a round trip of their own.
+      write_pending();
+      events = store_.probe_claim(options_.batch_size, {});
+    } else {
+      events = store_.probe_claim(options_.batch_size, pending_);  // throws: pending_ stays
+      note_written(pending_);
+      pending_.clear();
+    }
   } else if (probe) {
     // Delivered outcomes only. They wait, unmarked, until the oldest was left outcome_delay ago or
     // batch_size of them pile up; no poll claims those rows again (polls look above every id
@@ -212,6 +220,8 @@ std::optional<EventId> RelayLoop::lowest_unwritten() const {
   }
   return lowest;
 }
+
+bool RelayLoop::durable_outcomes() const { return lane_groups_of(sinks_) > 0; }
 
 bool RelayLoop::must_carry() const {
   if (options_.outcome_delay <= std::chrono::milliseconds::zero()) return true;

@@ -125,6 +125,8 @@ class RelayLoop {
   void note_written(const std::vector<Completion>& completed);  // after each write: retries, sinks
   // Whether a poll writes the outcomes not yet written in its own call (LoopOptions::outcome_delay).
   bool must_carry() const;
+  // Whether outcomes must be written durably (a sink keeps progress downstream: lane groups).
+  bool durable_outcomes() const;
   // `held`: keys whose earlier events were not delivered in batches whose outcomes the claim of
   // `events` did not see; their later events are released unpublished.
   Batch prepare(std::vector<Event> events, const KeyHolds& held) const;

@@ -1,6 +1,7 @@
 #include "core/runner.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "log/log.hpp"
 
@@ -46,12 +47,16 @@ bool Runner::sinks_want_takeover() const {
 
 void Runner::take_over_sinks(bool gained) {
   // Right after a successful rebalance, with nothing claimed or in flight (Sink::take_over).
+  const bool wanted = sinks_want_takeover();
   const int owned = store_.lanes_owned();
+  const std::string identity = store_.identity();
   for (Sink* sink : loop_.sinks()) {
+    sink->store_identity(identity);
     const std::vector<EventId> held = sink->take_over(owned, gained);
     if (held.empty()) continue;
     sink->keep_pending(store_.still_pending(held));
   }
+  if (wanted && !sinks_want_takeover()) took_over_ = true;
 }
 
 void Runner::rebalance_for_sinks() {
@@ -126,7 +131,9 @@ std::size_t Runner::drain(bool probe) {
   if (!probe) waiter_.clear();
   DrainControl control;
   control.probe = probe;
-  control.stop = [this] { return waiter_.stopped(); };
+  // A sink that lost its downstream progress (Kafka exactly once: fenced, a fatal error) ends
+  // the drain: nothing is claimed for it until a takeover succeeds (session()).
+  control.stop = [this] { return waiter_.stopped() || sinks_want_takeover(); };
   // Between batches, so a long backlog does not keep lanes from new peers, nor a reload waiting.
   control.pause_due = [this] {
     return clock_.now() >= next_rebalance_ || reconfiguration_pending() || sinks_want_takeover();
@@ -200,13 +207,16 @@ void Runner::session() {
       take_over_sinks(gained);
       next_rebalance_ = now + options_.rebalance_interval;
     }
-    if (sinks_want_takeover()) {
-      rebalance_for_sinks();
-      if (!sinks_want_takeover()) drain_needed = true;  // what the sinks held back meanwhile
-    }
+    // Until a takeover succeeds, nothing is claimed (each claim would only be handed back: an
+    // event must not pay an attempt, nor be dead-lettered, for the sink's trouble). After one
+    // (here or at the rebalance above), a drain from the start: the batch the sink handed back
+    // when it failed lies below what the next poll would look above.
+    if (sinks_want_takeover()) rebalance_for_sinks();
+    const bool takeover_pending = sinks_want_takeover();
+    if (std::exchange(took_over_, false)) drain_needed = true;
     // Polls are paced from the start of the previous one, so that an event waits at most about
     // one poll_interval for the poll that claims it, whatever that poll's own work took.
-    if (drain_needed || poll_due) {
+    if ((drain_needed || poll_due) && !takeover_pending) {
       const auto previous_poll = polled_at;
       polled_at = clock_.now();
       const bool probe = !drain_needed;
@@ -224,6 +234,8 @@ void Runner::session() {
       }
     }
     if (waiter_.stopped()) return;
+    // A drain a sink ended by wanting a takeover (fenced, a fatal error): try it at once.
+    if (!takeover_pending && sinks_want_takeover()) continue;
 
     now = clock_.now();
     const bool flowing = now - last_found < options_.idle_after || store_.waiting_for_writers() || loop_.has_pending();

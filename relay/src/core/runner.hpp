@@ -132,6 +132,7 @@ class Runner {
   Sweep sweep_;
   // Whether the metrics last showed writers holding events back (reported until they show none).
   bool holds_shown_ = false;
+  bool took_over_ = false;  // a sink's takeover succeeded since the session loop last looked
   // Events polls found, and the seconds they covered, smoothed over the last few polls.
   double recent_events_ = 0;
   double recent_seconds_ = 0;

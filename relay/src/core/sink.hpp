@@ -32,8 +32,9 @@ struct Outcome {
     return {OutcomeKind::kRetry, std::move(why), after};
   }
   static Outcome permanent(std::string why) { return {OutcomeKind::kPermanent, std::move(why), std::nullopt}; }
-  static Outcome deferred() {
-    return {OutcomeKind::kDeferred, "blocked by an earlier event of the same key", std::nullopt};
+  // Back to the table without costing an attempt (a release).
+  static Outcome deferred(std::string why = "blocked by an earlier event of the same key") {
+    return {OutcomeKind::kDeferred, std::move(why), std::nullopt};
   }
 };
 
@@ -108,6 +109,12 @@ class Sink {
   // Blocks (bounded by the sink's own timeouts); never throws for downstream failures: it then
   // still wants_takeover() and publish() retries every event.
   virtual std::vector<EventId> take_over(int /*lanes_owned*/, bool /*gained*/) { return {}; }
+  // Before each take_over(): Store::identity(), which a sink that keeps progress downstream writes
+  // beside it and checks when it reads it back (two tables must never share one progress).
+  virtual void store_identity(const std::string& /*identity*/) {}
+  // Where such a sink keeps that progress (Kafka: the transactional id and the progress topic);
+  // empty for the others. A reload must not change it (app/reload.cpp).
+  virtual std::string progress_location() const { return {}; }
   virtual void keep_pending(std::span<const EventId> /*still_pending*/) {}
   // The loop wrote these outcomes to the store (loop thread; publish() may run beside it).
   virtual void outcomes_written(std::span<const Completion> /*completions*/) {}
@@ -123,6 +130,16 @@ inline int lane_groups_of(std::span<Sink* const> sinks) {
   int groups = 0;
   for (const Sink* s : sinks) groups = std::max(groups, s->lane_groups());
   return groups;
+}
+
+// The progress locations of a set of sinks (Sink::progress_location), sorted, empty ones left out.
+inline std::vector<std::string> progress_locations_of(std::span<Sink* const> sinks) {
+  std::vector<std::string> out;
+  for (const Sink* s : sinks) {
+    if (auto where = s->progress_location(); !where.empty()) out.push_back(std::move(where));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 // What every sink shares: the name it was configured under, set once. A sink owns connections,

@@ -56,6 +56,9 @@ class Store {
   virtual bool rebalance() { return false; }
   // How many lanes this instance owns now (claims in). Any thread.
   virtual int lanes_owned() const { return kLaneCount; }
+  // Which table of which database cluster this store reads, once connected, for sinks that keep
+  // progress downstream (Sink::store_identity); empty when it does not say.
+  virtual std::string identity() const { return {}; }
   // Leases and returns up to limit due events of the lanes this instance owns, in id order,
   // committed before returning (no transaction stays open while sinks work).
   virtual std::vector<Event> claim(std::size_t limit) = 0;

@@ -152,6 +152,23 @@ void PgStore::close_failed_session() {
   if (impl_->failed) impl_->drop();
 }
 
+namespace {
+// The cluster's system identifier (kept by its physical replicas, new after pg_upgrade or a
+// restore from a dump), the database and the table: what a downstream progress mark names.
+// q: autocommit, so that a refused call leaves the session usable.
+std::string table_identity(pqxx::nontransaction& q, const std::string& lock_key) {
+  std::string cluster = "-";
+  try {
+    cluster = q.exec1("SELECT system_identifier::text FROM pg_catalog.pg_control_system()")[0].as<std::string>();
+  } catch (const pqxx::sql_error&) {
+    // A service that revoked pg_control_system(): the database and the table still tell most apart.
+  }
+  return cluster + "/" + q.exec1("SELECT pg_catalog.current_database()")[0].as<std::string>() + "/" + lock_key;
+}
+}  // namespace
+
+std::string PgStore::identity() const { return impl_->identity; }
+
 void PgStore::connect() {
   if (impl_->conn && !impl_->failed) return;
   close_failed_session();  // if the runner did not: its lanes go with it
@@ -188,6 +205,7 @@ void PgStore::connect() {
           }
           impl_->sequence = seq[0].as<std::string>();
           impl_->look_at_sequence_cache(q);
+          if (impl_->opt.lane_groups > 0) impl_->identity = table_identity(q, impl_->names.lock_key);
         }
         impl_->prepare_statements(*conn);
         // Membership: one advisory lock per live instance, counted by every peer in pg_locks.

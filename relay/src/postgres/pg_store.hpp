@@ -73,6 +73,7 @@ class PgStore final : public Store {
   // Closes the session, which releases every lane.
   void disconnect();
   int lanes_owned() const override;
+  std::string identity() const override;
 
  private:
   std::vector<Event> claim_or_probe(std::size_t limit, bool probe, std::span<const Completion> completions,

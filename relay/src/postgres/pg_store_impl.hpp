@@ -66,6 +66,8 @@ struct PgStore::Impl {
   TableNames names;          // resolved at the first connect (table_names)
   std::string complete_sql;  // built at the first connect, with names.table
   std::string sequence;      // the id sequence, schema-qualified
+  // With lane groups (Kafka exactly once): which table of which cluster this is (Store::identity).
+  std::string identity;
   // The lane bounds, the writers' reading, quiet and fenced.
   ClaimState state;
   // What the operator sees of the writers holding events back (Store::writer_holds).

@@ -561,6 +561,36 @@ TEST_CASE("with outcome_delay 0, a poll leaves a short batch's outcomes to the n
   CHECK(f.store.probes == 3);
 }
 
+// A sink that keeps progress downstream (Kafka exactly once) trims it once an outcome is written:
+// the outcomes must survive a crash of Postgres, and a claim writes its own asynchronously.
+class GroupedSink final : public NamedSink {
+ public:
+  GroupedSink() : NamedSink("eos") {}
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    return std::vector<Outcome>(events.size(), Outcome::delivered());
+  }
+  int lane_groups() const override { return 1; }
+};
+
+TEST_CASE("with a sink that keeps progress downstream, a poll never carries outcomes: they are written first, apart") {
+  Fixture f;
+  f.options.outcome_delay = milliseconds(0);  // every poll would carry the previous one's outcomes
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "x")});
+  GroupedSink eos;
+  auto loop = f.make(f.one, {&eos});
+  const DrainControl poll = polling();
+  CHECK(loop.drain(poll).delivered == 2);
+  CHECK(loop.drain(poll).delivered == 1);
+  loop.drain(poll);
+  REQUIRE(f.store.carried.size() == 3);
+  for (const auto& carried : f.store.carried) CHECK(carried.empty());
+  // Batch 1's outcomes were written (complete) before the poll that claimed 3, batch 2's before the third.
+  CHECK(f.store.written_at_claim == std::vector<std::size_t>{0, 2, 3});
+  CHECK(f.store.of(3).kind == Kind::kDelivered);
+  CHECK_FALSE(loop.has_pending());
+}
+
 TEST_CASE("polls leave delivered outcomes to a later poll for up to outcome_delay, then write them together") {
   Fixture f;
   f.store.batches.push_back({event(1, "x"), event(2, "y")});

@@ -721,19 +721,31 @@ namespace {
 // wants a takeover again (as a fenced producer does).
 class TakeoverSink final : public NamedSink {
  public:
-  TakeoverSink(const FakeStore& store, const FakeClock& clock) : NamedSink("eos"), store_(store), clock_(clock) {}
+  TakeoverSink(const FakeStore& store, FakeClock& clock) : NamedSink("eos"), store_(store), clock_(clock) {}
   std::vector<Outcome> publish(std::span<const Event* const> events) override {
     CHECK_FALSE(wants);  // never asked to publish before its takeover
     for (const Event* e : events) ids.push_back(e->id);
+    if (events.front()->id == fails_at) {  // fenced while it worked on this batch: hands it back
+      fails_at = 0;
+      wants = true;
+      clock_.t += fail_takes;
+      return std::vector<Outcome>(events.size(), Outcome::deferred("fenced"));
+    }
     if (++batches == fence_after) wants = true;
     return std::vector<Outcome>(events.size(), Outcome::delivered());
   }
   bool wants_takeover() const override { return wants; }
   std::vector<EventId> take_over(int lanes_owned, bool gained) override {
-    takeovers.push_back({store_.rebalances.size(), lanes_owned, gained, clock_.t});
+    takeovers.push_back(
+        {store_.rebalances.size(), lanes_owned, gained, clock_.t, store_.claims.size() + store_.probes.size()});
+    if (failing_takeovers > 0) {
+      --failing_takeovers;  // the broker cannot be reached: it still wants one
+      return {};
+    }
     wants = false;
     return {7, 8};
   }
+  void store_identity(const std::string& identity) override { identities.push_back(identity); }
   void keep_pending(std::span<const EventId> pending) override { kept.assign(pending.begin(), pending.end()); }
   void outcomes_written(std::span<const Completion> completions) override {
     for (const auto& c : completions) written.push_back(c.id);
@@ -743,14 +755,19 @@ class TakeoverSink final : public NamedSink {
     int lanes_owned;
     bool gained;
     Time at;
+    std::size_t claims_before;  // claims and polls so far
   };
   const FakeStore& store_;
-  const FakeClock& clock_;
+  FakeClock& clock_;
+  EventId fails_at = 0;  // a batch starting with this id fails (after fail_takes)
+  milliseconds fail_takes{0};
   bool wants = true;
   int batches = 0;
   int fence_after = 0;
+  int failing_takeovers = 0;
   std::vector<Call> takeovers;
   std::vector<EventId> ids, kept, written;
+  std::vector<std::string> identities;
 };
 
 }  // namespace
@@ -780,4 +797,52 @@ TEST_CASE("runner: a sink that keeps progress downstream takes over right after 
   CHECK(sink.ids == std::vector<EventId>{1, 2, 3});
   // The loop told the sink each outcome it wrote.
   CHECK(sink.written == std::vector<EventId>{1, 2, 3});
+}
+
+TEST_CASE(
+    "runner: while a sink's takeover fails, nothing is claimed (no event pays an attempt for it); then all flows") {
+  Fixture f;
+  f.waiter.stop_at = at(12'000);
+  TakeoverSink sink(f.store, f.clock);
+  sink.failing_takeovers = 3;
+  const Router router{{}, 1};
+  RelayLoop loop{f.store,           {&sink}, router, f.clock, f.metrics, outbox::testing::loop_options(10, 5, {}),
+                 [] { return 0.0; }};
+  f.store.batches = {{event(1), event(2)}, {}};
+  Runner runner(loop, f.store, f.waiter, f.clock, f.metrics, f.health, f.options, [] { return 0.0; });
+  runner.run();
+  REQUIRE(sink.takeovers.size() >= 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(sink.takeovers[i].claims_before == 0);  // none before it succeeded
+  CHECK(sink.ids == std::vector<EventId>{1, 2});
+  CHECK(sink.written == std::vector<EventId>{1, 2});
+  // The store's identity is handed over before every takeover.
+  CHECK(sink.identities.size() == sink.takeovers.size());
+}
+
+TEST_CASE(
+    "runner: after a takeover at the periodic rebalance, a drain from the start finds the batch the sink handed back") {
+  Fixture f;
+  f.waiter.stop_at = at(12'000);
+  TakeoverSink sink(f.store, f.clock);
+  // A poll at 4 s finds event 99; the sink fails on it and hands it back, by when the periodic
+  // rebalance (every 5 s) is due: that rebalance's takeover must be followed by a full drain, as
+  // the next poll would look above 99.
+  f.store.event_at = at(4'000);
+  sink.fails_at = 99;
+  sink.fail_takes = milliseconds(1'500);
+  const Router router{{}, 1};
+  RelayLoop loop{f.store,           {&sink}, router, f.clock, f.metrics, outbox::testing::loop_options(10, 5, {}),
+                 [] { return 0.0; }};
+  Runner runner(loop, f.store, f.waiter, f.clock, f.metrics, f.health, f.options, [] { return 0.0; });
+  runner.run();
+  REQUIRE(sink.ids == std::vector<EventId>{99});
+  const Time failed = sink.takeovers.at(1).at;
+  CHECK(failed >= at(5'000));
+  CHECK(sink.takeovers[1].rebalances_before == 2);  // the periodic one
+  REQUIRE(!f.store.claims.empty());
+  CHECK(f.store.claims.back() == failed);  // the drain from the start, before any poll
+  // The poll that found 99 (the first at or after 4 s) was the last before the drain from the start.
+  const auto found = std::find_if(f.store.probes.begin(), f.store.probes.end(), [](Time t) { return t >= at(4'000); });
+  REQUIRE(found != f.store.probes.end());
+  CHECK(std::none_of(found + 1, f.store.probes.end(), [&](Time t) { return t < failed; }));
 }

@@ -153,6 +153,7 @@ struct KafkaSinkImpl final : public KafkaSink {
   bool batch_open = false;
   std::vector<std::optional<Outcome>> results;
   std::size_t awaiting = 0;  // produced events of this batch without a delivery report yet
+  rd_kafka_resp_err_t mark_report = RD_KAFKA_RESP_ERR_NO_ERROR;  // the progress mark's report, if it failed
 
   // Exactly once (config.exactly_once). needs_takeover: no producer may publish until the runner's
   // take_over() made one and read the mark back; set at start and by a fatal error or a fence.
@@ -162,6 +163,11 @@ struct KafkaSinkImpl final : public KafkaSink {
   std::atomic<bool> owns_group{true};
   SteadyClock::time_point last_takeover_attempt{};
   bool takeover_failed = false;
+  // Store::identity() as the runner last gave it (under mutex), written into every mark; a mark
+  // read back that names another table stops this sink for good (foreign_mark): never
+  // takes another table's ids as its own, nor fences that table's relays again.
+  std::string store_id;
+  std::string foreign_mark;
   // The ledger: ids committed to Kafka whose outcome the store may not have (every mark carries
   // them), and the highest id ever committed. Its own mutex: outcomes_written() trims it on the
   // loop thread while publish() runs on a helper thread.
@@ -200,6 +206,10 @@ struct KafkaSinkImpl final : public KafkaSink {
     const auto tag = reinterpret_cast<std::uintptr_t>(message->_private);
     const auto tag_generation = static_cast<std::uint32_t>(tag >> 32);
     const auto index = static_cast<std::size_t>(tag & 0xffffffffu);
+    if (batch_open && tag_generation == generation && index == results.size()) {
+      mark_report = message->err;  // the progress mark (exactly once): index n of a batch of n
+      return;
+    }
     if (!batch_open || tag_generation != generation || index >= results.size() || results[index]) return;
     --awaiting;
     if (message->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
@@ -619,6 +629,7 @@ struct KafkaSinkImpl final : public KafkaSink {
   struct Mark {
     EventId high_water = 0;
     std::vector<EventId> ids;
+    std::string table;  // Store::identity() of the relay that wrote it (empty: it did not say)
   };
 
   // Reads the group's last committed mark (read_committed): nullopt on failure (error set), an
@@ -696,15 +707,27 @@ struct KafkaSinkImpl final : public KafkaSink {
         return std::nullopt;
       }
       mark.high_water = doc.value("hw", EventId{0});
+      mark.table = doc.value("table", std::string{});
       for (const auto& id : doc["ids"]) mark.ids.push_back(id.get<EventId>());
       return mark;
     }
     return mark;
   }
 
+  std::string progress_location() const override {
+    return config.exactly_once ? "transactional id " + txn_id + ", progress topic " + progress_topic : std::string();
+  }
+
+  void store_identity(const std::string& identity) override {
+    if (!config.exactly_once) return;
+    std::lock_guard lock(mutex);
+    store_id = identity;
+  }
+
   std::vector<EventId> take_over(int lanes_owned, bool gained) override {
     if (!config.exactly_once) return {};
     std::lock_guard lock(mutex);
+    if (!foreign_mark.empty()) return {};  // stopped: see below
     owns_group = lanes_owned == kLaneCount;
     if (!owns_group.load()) {
       // Another relay owns (or is about to own) the group: its producer fences this one anyway;
@@ -760,6 +783,19 @@ struct KafkaSinkImpl final : public KafkaSink {
       mark = std::move(*read);
       ++eos.marks_read;
     }
+    if (!mark.table.empty() && !store_id.empty() && mark.table != store_id) {
+      // Another table's relays (another database, or a table of the same name elsewhere) commit
+      // under this transactional id: its ids are not this table's. This relay publishes nothing
+      // with it and does not try again (each try would fence them): a new transactional_id is
+      // needed, or a restart once the identity is explained (docs/sinks.md, "Exactly once").
+      foreign_mark = mark.table;
+      log::error("kafka takeover refused: the progress mark under transactional id " + txn_id +
+                     " was written for another table; set a transactional_id of its own on this sink (or, after "
+                     "pg_upgrade or a restore from a dump, stop every relay of this sink with SIGTERM first); "
+                     "this relay publishes nothing to this sink until restarted or reloaded",
+                 {{"sink", name()}, {"mark_table", mark.table}, {"this_table", store_id}});
+      return {};
+    }
     {
       std::lock_guard ledger_lock(ledger_mutex);
       ledger = std::set<EventId>(mark.ids.begin(), mark.ids.end());
@@ -795,15 +831,23 @@ struct KafkaSinkImpl final : public KafkaSink {
   }
 
   std::string mark_value(const std::vector<EventId>& ids, EventId hw) const {
-    return nlohmann::json{{"v", 1}, {"hw", hw}, {"ids", ids}, {"groups", 1}, {"txn", txn_id}}.dump();
+    return nlohmann::json{{"v", 1}, {"hw", hw}, {"ids", ids}, {"groups", 1}, {"txn", txn_id}, {"table", store_id}}
+        .dump();
   }
 
-  // A transactional call failed: the events of the batch retry; a fatal error or a fence drops
-  // the producer (only a takeover makes another).
+  // The producer is dropped (a fatal error, a fence, a commit in doubt): the batch goes back
+  // without costing an attempt (the takeover's mark says which of it Kafka has; the loop claims
+  // nothing until a takeover succeeded), so that no event is dead-lettered for a broker's or a
+  // coordinator's trouble, nor one Kafka already has.
+  std::vector<Outcome> dropped_transaction(std::size_t n, const std::string& why,
+                                           rd_kafka_resp_err_t code = RD_KAFKA_RESP_ERR_NO_ERROR) {
+    drop_transactional(why, code);
+    return std::vector<Outcome>(n, Outcome::deferred("kafka transaction not completed, the lanes are taken over "
+                                                     "again: " +
+                                                     why));
+  }
   std::vector<Outcome> failed_transaction(std::size_t n, const std::string& where, const rd_kafka_error_t* error) {
-    const std::string why = where + ": " + describe(error);
-    drop_transactional(why, rd_kafka_error_code(error));
-    return std::vector<Outcome>(n, Outcome::retry("kafka transaction failed, batch retried: " + why));
+    return dropped_transaction(n, where + ": " + describe(error), rd_kafka_error_code(error));
   }
 
   void test_hold(const char* point, std::size_t n) {
@@ -820,7 +864,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     const std::size_t n = events.size();
     if (!ensure_producer()) {
       needs_takeover = true;
-      return std::vector<Outcome>(n, Outcome::retry("kafka exactly once: waiting for the takeover of the lanes"));
+      return std::vector<Outcome>(n, Outcome::deferred("kafka exactly once: waiting for the takeover of the lanes"));
     }
     rd_kafka_t* rk = producer->rk.get();
     const auto deadline = SteadyClock::now() + config.delivery_timeout;
@@ -828,6 +872,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     batch_open = true;
     results.assign(n, std::nullopt);
     awaiting = 0;
+    mark_report = RD_KAFKA_RESP_ERR_NO_ERROR;
     std::size_t skipped = 0;
     {
       std::lock_guard ledger_lock(ledger_mutex);
@@ -862,16 +907,24 @@ struct KafkaSinkImpl final : public KafkaSink {
       hw = std::max(hw, events[i]->id);
     }
     std::sort(mark_ids.begin(), mark_ids.end());
+    std::string mark_error;
     if (!fatal) {
       const std::string value = mark_value(mark_ids, hw);
-      const rd_kafka_resp_err_t err =
-          rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(progress_topic.c_str()), RD_KAFKA_V_PARTITION(kGroupPartition),
-                            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                            RD_KAFKA_V_KEY(kGroupKey, std::char_traits<char>::length(kGroupKey)),
-                            RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
-                            RD_KAFKA_V_OPAQUE(message_tag(generation, n)), RD_KAFKA_V_END);  // index n: not an event
+      rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR;
+      do {
+        // A full queue (the events just produced fill it): serve delivery reports and try again.
+        if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) rd_kafka_poll(rk, 10);
+        err = rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(progress_topic.c_str()), RD_KAFKA_V_PARTITION(kGroupPartition),
+                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                RD_KAFKA_V_KEY(kGroupKey, std::char_traits<char>::length(kGroupKey)),
+                                RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
+                                RD_KAFKA_V_OPAQUE(message_tag(generation, n)), RD_KAFKA_V_END);  // n: not an event
+      } while (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && SteadyClock::now() < deadline);
       fatal = err != RD_KAFKA_RESP_ERR_NO_ERROR;
-      if (fatal) check_fatal(rk);
+      if (fatal) {
+        check_fatal(rk);
+        mark_error = "producing the progress mark: " + error_text(err);
+      }
     }
     // Sends at once (ignoring linger.ms) and serves the delivery reports; the commit then only
     // ends the transaction.
@@ -910,15 +963,19 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
     if (fatal || !rd_kafka_error_txn_requires_abort(failed.get())) {
       // Fatal, or a commit whose outcome is in doubt: the takeover's mark says which.
-      return failed ? failed_transaction(n, "commit_transaction", failed.get())
-                    : (drop_transactional("fatal producer error: " + fatal_reason),
-                       std::vector<Outcome>(n, Outcome::retry("fatal Kafka producer error, batch retried")));
+      if (failed) return failed_transaction(n, "commit_transaction", failed.get());
+      return dropped_transaction(n, mark_error.empty() ? "fatal producer error: " + fatal_reason : mark_error);
     }
     const std::string why = describe(failed.get());
     if (ErrorPtr abort_failed(rd_kafka_abort_transaction(rk, -1)); abort_failed) {
       return failed_transaction(n, "abort_transaction", abort_failed.get());
     }
     ++eos.aborted;
+    if (mark_report != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      // Not the events' fault (the progress topic deleted, not writable): the sink's, until a
+      // takeover finds the topic again.
+      return dropped_transaction(n, "the progress mark was not delivered: " + error_text(mark_report));
+    }
     // Aborted: nothing of it is visible. An event its delivery report called permanent is
     // dead-lettered; the others retry.
     std::vector<Outcome> outcomes;
