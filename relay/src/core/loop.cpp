@@ -295,12 +295,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
 
     const auto collected = pipeline_.collect();
     if (collected.publish_failure) {
-      // The publish work failed as a whole (not a sink's failure: those are outcomes). What the
-      // sinks still hold is collected, so that none is left with a submission of this drain.
-      if (before) collect(*before);
-      collect(batch);
-      if (before) retry_unsettled(*before, describe(collected.publish_failure));
-      retry_unsettled(batch, describe(collected.publish_failure));
+      publish_failed(before, batch, collected.publish_failure);
       leave = false;
     }
     const bool previous_written = !collected.complete_failure;
@@ -316,17 +311,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     }
     BatchResult result;
     KeyHolds failed;
-    std::vector<Completion> outcomes;
-    if (before) {
-      outcomes = settle(*before, result, failed);
-      in_flight.reset();
-    }
-    if (leave) {
-      in_flight.emplace(std::move(batch));
-    } else {
-      auto settled = settle(batch, result, failed);
-      move_all(settled, outcomes);
-    }
+    auto outcomes = settle_turn(in_flight, batch, leave, result, failed);
     total += result;
     all_delivered = all_delivered && result.retried + result.dead_lettered + result.released == 0;
     released = released || result.released > 0;
@@ -384,6 +369,31 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     }
   }
   return total;
+}
+
+void RelayLoop::publish_failed(Batch* before, Batch& batch, const std::exception_ptr& failure) {
+  // Not a sink's failure (those are outcomes). What the sinks still hold is collected, so that none
+  // is left with a submission of this drain.
+  if (before) collect(*before);
+  collect(batch);
+  if (before) retry_unsettled(*before, describe(failure));
+  retry_unsettled(batch, describe(failure));
+}
+
+std::vector<Completion> RelayLoop::settle_turn(std::optional<Batch>& in_flight, Batch& batch, bool leave,
+                                               BatchResult& result, KeyHolds& failed) {
+  std::vector<Completion> outcomes;
+  if (in_flight) {
+    outcomes = settle(*in_flight, result, failed);
+    in_flight.reset();
+  }
+  if (leave) {
+    in_flight.emplace(std::move(batch));
+  } else {
+    auto settled = settle(batch, result, failed);
+    move_all(settled, outcomes);
+  }
+  return outcomes;
 }
 
 RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const KeyHolds& held) const {

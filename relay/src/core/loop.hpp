@@ -4,6 +4,7 @@
 // work on batch k with completing batch k-1 and claiming batch k+1.
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <set>
@@ -144,6 +145,13 @@ class RelayLoop {
   // Hands a pipelined sink (sinks_[sink]) events of the batch (at `index`); kept in the batch
   // until collect().
   void submit(Batch& batch, std::size_t sink, std::vector<const Event*> events, std::vector<std::size_t> index);
+  // The publish work of a turn threw as a whole: the sinks' submissions are collected and what is
+  // unsettled retries.
+  void publish_failed(Batch* before, Batch& batch, const std::exception_ptr& failure);
+  // The end of a drain's turn: the batch that was in the sinks (`in_flight`, collected by now)
+  // settles, and `batch` too unless it stays in them (`leave`): it then becomes `in_flight`.
+  std::vector<Completion> settle_turn(std::optional<Batch>& in_flight, Batch& batch, bool leave, BatchResult& result,
+                                      KeyHolds& failed);
   void collect(Batch& batch);  // waits for the outcomes of every submission of the batch
   // Points `events` (a sink's share of the batch) at copies without the headers the sink reserves
   // (Sink::reserves_header); warns once per sink and name. Returns how many it dropped.
