@@ -13,6 +13,8 @@ Drain rounds (--rounds, default 3; per sink, its systems in an order that rotate
         same guarantees (see TOOLS below); its own reported rate
   file  the relay draining the same backlog to the file sink (fsync on)
   old   (--relay-bin-old; the rabbitmq row and --compare-sinks) the same drain by an older binary
+  old_file (with old) the file drain by the older binary, so a change to the loop is seen on the
+        file sink too, in the same run ("file new/old" in the JSON and the log)
 Each figure comes with the CPU the machine spent meanwhile outside Postgres, the broker, the
 measured processes and this script: "foreign load", in cores.
 
@@ -673,11 +675,11 @@ class Bench:
             if system == "tool":
                 r = broker.tool(self.tag("tool"), payloads)
             else:
-                relay_bin = self.a.relay_bin_old if system == "old" else self.a.relay_bin
+                relay_bin = self.a.relay_bin_old if system in ("old", "old_file") else self.a.relay_bin
                 log_path = self.logs / f"relay-{broker.name}-{system}-{rnd}.log"
                 seed(self.a.url, self.a.events)
                 cpu.a = cpu.snapshot()  # the seed is not the drain's
-                if system == "file":
+                if system in ("file", "old_file"):
                     r = file_drain(self.a.url, relay_bin, self.work, self.a.events, self.a.batch_size, log_path)
                 else:
                     tag = self.tag("drain")
@@ -690,7 +692,7 @@ class Bench:
         return r
 
     def drains(self, broker, payloads):
-        systems = ["sink", "tool", "file"] + (["old"] if broker.name in self.compare else [])
+        systems = ["sink", "tool", "file"] + (["old", "old_file"] if broker.name in self.compare else [])
         rounds = []
         for i in range(self.a.rounds):
             order = systems[i % len(systems):] + systems[:i % len(systems)]
@@ -835,7 +837,7 @@ class Bench:
     @staticmethod
     def summarize(rounds):
         s = {}
-        for system in ("sink", "tool", "file", "old"):
+        for system in ("sink", "tool", "file", "old", "old_file"):
             xs = [r[system] for r in rounds if system in r]
             if not xs:
                 continue
@@ -853,6 +855,11 @@ class Bench:
             s["new_over_old"] = round(sink / old, 3) if sink and old else None
             s["new_over_old_per_round"] = [round(r["sink"]["rate"] / r["old"]["rate"], 3) for r in rounds
                                            if r["sink"].get("valid") and r["old"].get("valid")]
+        if "old_file" in s:
+            old, new = s["old_file"]["median_rate"], s.get("file", {}).get("median_rate")
+            s["file_new_over_old"] = round(new / old, 3) if new and old else None
+            s["file_new_over_old_per_round"] = [round(r["file"]["rate"] / r["old_file"]["rate"], 3) for r in rounds
+                                                if r["file"].get("valid") and r["old_file"].get("valid")]
         return s
 
     def meta(self):
@@ -951,6 +958,9 @@ def table(r):
                             ("sink", "tool", "file"))
         old = (f"{s['new_over_old']} (old {fmt(m['old'])}/s; per round {s['new_over_old_per_round']})"
                if "old" in s else "-")
+        if "old_file" in s:
+            old += (f"; file {s['file_new_over_old']} (old {fmt(s['old_file']['median_rate'])}/s; per round "
+                    f"{s['file_new_over_old_per_round']})")
         lines.append(f"| {name} | {fmt(m['sink'])} | {fmt(m['tool'])} | {fmt(m['file'])} | "
                      f"{s.get('sink_over_min_tool_file')} | {s.get('sink_over_min_tool_file_per_round')} | "
                      f"{foreign} | {old} |")

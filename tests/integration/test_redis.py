@@ -254,3 +254,68 @@ def test_bad_redis_config_exits_2_naming_the_key(db, workdir):
         assert proc.returncode == 2, (sink, proc.stderr)
         assert expected in proc.stderr, proc.stderr
         assert "hunter2-pw" not in proc.stderr
+
+
+def test_a_retried_event_holds_its_key_while_later_batches_are_pipelined_and_other_keys_flow(db, relays,
+                                                                                              redis_server):
+    """Issue 45: batches are pipelined into Redis (the next enters while the previous one's replies
+    are outstanding). An event that fails with a retriable error (ERR: its stream has exhausted the
+    last possible id) while later events of its key and of other keys are in flight: the key's later
+    events never reach a stream before it; the other keys are not held. A second key has its failing
+    event and a later one (another stream) in the same batch: one EXEC runs the second XADD though
+    the first failed, so the sink must not put them in one transaction."""
+    good, blocked = unique("good"), unique("blocked")
+    key, key2 = unique("held"), unique("same-batch")
+    with redis_server.client() as client:
+        # XADD * to it now fails at run time with ERR (retried), until the test deletes it.
+        client.xadd("outbox." + blocked, {"f": "v"}, id="18446744073709551615-18446744073709551615")
+    relay = relays(base_config(db, redis_sink(redis_server.url), max_attempts=50,
+                               backoff={"initial": "300ms", "max": "1s"}))
+    relay.wait_log("ordering lanes rebalanced")
+    # 3,000 events in one transaction: full batches of 500, one after the other in the pipeline.
+    # The held key's events are more than a batch apart, so each of them is in a batch of its own.
+    held_at = {100: (good, key), 600: (blocked, key), 1150: (good, key), 1700: (good, key), 2600: (good, key),
+               2000: (blocked, key2), 2001: (good, key2), 2300: (good, key2)}
+    rows = [(held_at[i][0], held_at[i][1], {"n": i}) if i in held_at else (good, f"other-{i % 50}", {"n": i})
+            for i in range(3000)]
+    ids = db.insert(rows)
+    held_ids = [ids[i] for i in sorted(held_at) if held_at[i][1] == key]
+    held2_ids = [ids[i] for i in sorted(held_at) if held_at[i][1] == key2]
+    other_ids = [oid for i, oid in enumerate(ids) if i not in held_at]
+
+    def others_done():
+        return db.scalar("SELECT count(*) FROM outbox_events WHERE id = ANY(%s) AND processed_at IS NOT NULL",
+                         (other_ids,)) == len(other_ids)
+    wait_until(others_done, timeout=60, message="every event of the other keys delivered")
+    state = {r[0]: r[1:] for r in db.query(
+        "SELECT id, processed_at IS NOT NULL, attempts FROM outbox_events WHERE id = ANY(%s)",
+        (held_ids + held2_ids,))}
+    assert state[held_ids[0]][0], "the held key's event before the failure is delivered"
+    for failing in (held_ids[1], held2_ids[0]):
+        assert not state[failing][0] and state[failing][1] >= 1, "the failing event is being retried"
+    for oid in held_ids[2:] + held2_ids[1:]:
+        assert not state[oid][0], f"event {oid} of a held key was delivered while an earlier one is retried"
+    assert db.scalar("SELECT max(attempts) FROM outbox_events WHERE id = ANY(%s)", (other_ids,)) == 0, \
+        "the other keys were delivered at their first attempt"
+
+    with redis_server.client() as client:
+        client.delete("outbox." + blocked)  # the retries now go in, then the held events follow
+    wait_until(lambda: pending(db) == 0, timeout=60, message="no pending rows")
+    with redis_server.client() as client:
+        good_entries = read_stream(client, "outbox." + good)
+        blocked_entries = read_stream(client, "outbox." + blocked)
+    assert sorted(e.outbox_id for e in blocked_entries) == sorted([held_ids[1], held2_ids[0]])
+    result = check_order(good_entries)
+    assert result["duplicates"] == 0 and result["ids"] == set(ids) - {held_ids[1], held2_ids[0]}
+    assert [e.outbox_id for e in good_entries if e.key == key] == [held_ids[0]] + held_ids[2:]
+    assert [e.outbox_id for e in good_entries if e.key == key2] == held2_ids[1:]
+
+    def entry_time(e):
+        ms, seq = e.entry_id.split("-")
+        return int(ms), int(seq)
+    retried_at = {e.key: entry_time(e)[0] for e in blocked_entries}
+    for e in good_entries:
+        if e.key == key and e.outbox_id > held_ids[1] or e.key == key2:
+            assert entry_time(e)[0] >= retried_at[e.key], f"event {e.outbox_id} reached Redis before the retried event"
+    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert relay.alive()

@@ -1,6 +1,7 @@
 #include "core/key_holds.hpp"
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace outbox {
 
@@ -45,6 +46,16 @@ std::size_t hold_back_after_failures(std::span<const Event* const> events, std::
     }
   }
   return changed;
+}
+
+std::vector<bool> events_behind(std::span<const Event> next, std::span<const Event> in_flight) {
+  std::unordered_set<std::string_view> keys;
+  keys.reserve(in_flight.size());
+  for (const Event& e : in_flight) keys.insert(e.key);
+  std::vector<bool> behind(next.size(), false);
+  if (keys.empty()) return behind;
+  for (std::size_t i = 0; i < next.size(); ++i) behind[i] = keys.contains(next[i].key);
+  return behind;
 }
 
 }  // namespace outbox

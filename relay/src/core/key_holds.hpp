@@ -42,4 +42,13 @@ class KeyHolds {
 // Returns how many outcomes it changed.
 std::size_t hold_back_after_failures(std::span<const Event* const> events, std::vector<Outcome>& outcomes);
 
+// Pipelined sinks (Sink::pipelined()): which of `next` (a batch about to enter the sinks) must wait
+// because an event of its key is still in the sinks (`in_flight`: the batch submitted before,
+// whose outcomes are not collected). True at i: next[i] waits until `in_flight` is collected, then
+// goes in only if every event of its key there was delivered (else it is released, as a deferred
+// event). The loop does not rely on a broker keeping order across submissions: a Redis
+// transaction refused as a whole (OOM, LOADING, EXECABORT) may be followed on the same connection
+// by one that runs.
+std::vector<bool> events_behind(std::span<const Event> next, std::span<const Event> in_flight);
+
 }  // namespace outbox

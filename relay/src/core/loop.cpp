@@ -37,6 +37,14 @@ std::string describe(const std::exception_ptr& failure) {
   }
 }
 
+// Inside a catch: the outcomes of a sink call that threw (a sink bug or a library's surprise).
+std::vector<Outcome> sink_threw(const Sink& sink, std::size_t events) {
+  const std::string why = "publish threw: " + describe(std::current_exception());
+  log::error("sink threw; its events of this batch will be retried",
+             {{"sink", sink.name()}, {"events", events}, {"error", why}});
+  return std::vector<Outcome>(events, Outcome::retry(why));
+}
+
 }  // namespace
 
 const char* to_string(OutcomeKind kind) {
@@ -142,6 +150,14 @@ struct RelayLoop::Batch {
   std::vector<std::vector<const Event*>> per_sink;       // what each sink gets
   std::deque<Event> stripped;                            // copies without a sink's reserved headers
   std::vector<std::vector<std::size_t>> per_sink_index;  // its positions in events
+  // Pipelined sinks: what was submitted and not yet collected, in submission order.
+  struct Submission {
+    std::size_t sink = 0;
+    std::vector<const Event*> events;
+    std::vector<std::size_t> index;  // their positions in events
+    Clock::SteadyTime started{};
+  };
+  std::vector<Submission> submissions;
 };
 
 BatchResult& BatchResult::operator+=(const BatchResult& other) {
@@ -245,6 +261,11 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
   // A batch released events, and no claim from the start has looked since they were written: a
   // claim ahead ran while they were still leased to this relay, and its bounds passed them.
   bool released = false;
+  // Pipelined sinks (every sink of the drain says Sink::pipelined()): the batch before, still in
+  // the sinks while this one enters them and the next is claimed; its outcomes are collected and
+  // settled in this batch's turn (publish_pipelined). Empty otherwise, and whenever the loop
+  // leaves drain(), pauses or has nothing claimed ahead.
+  std::optional<Batch> in_flight;
   while (!next.empty()) {
     const bool full = next.size() >= options_.batch_size;
     Batch batch = prepare(std::move(next), pipeline_.held());
@@ -256,30 +277,41 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     std::vector<Completion> previous = std::exchange(pending_, {});
     std::function<void()> complete_previous;
     if (!previous.empty()) complete_previous = [this, &previous] { store_.complete(previous); };
-    pipeline_.start([this, &batch] { publish(batch); }, full, std::move(complete_previous));
-    bool ahead = false;
+    // Not beside a poll's batch: a claim now could hand its events out again.
+    const bool ahead = full && leased && !control.stop() && !control.pause_due();
+    // With pipelined sinks this batch stays in them (its outcomes uncollected) while a next one
+    // is claimed; only then is there a batch to follow it.
+    bool leave = ahead && all_pipelined();
+    Batch* before = in_flight ? &*in_flight : nullptr;
+    std::function<void()> publish_work = [this, &batch] { publish(batch); };
+    if (before || leave) publish_work = [this, &batch, before, leave] { publish_pipelined(batch, before, leave); };
+    pipeline_.start(std::move(publish_work), full, std::move(complete_previous));
     std::exception_ptr failure;
     try {
-      // Not beside a poll's batch: a claim now could hand its events out again.
-      if (full && leased && !control.stop() && !control.pause_due()) {
-        ahead = true;
-        next = claim(false, all_delivered ? batch.events.back().id : 0);  // claims come in id order
-      }
+      if (ahead) next = claim(false, all_delivered ? batch.events.back().id : 0);  // claims come in id order
     } catch (...) {
       failure = std::current_exception();
     }
 
     const auto collected = pipeline_.collect();
-    if (collected.publish_failure) retry_unsettled(batch, describe(collected.publish_failure));
+    if (collected.publish_failure) {
+      publish_failed(before, batch, collected.publish_failure);
+      leave = false;
+    }
     const bool previous_written = !collected.complete_failure;
     if (previous_written) {
       note_written(previous);
     } else if (!failure) {
       failure = collected.complete_failure;
     }
+    const bool stopping = control.stop();
+    if (leave && (failure || stopping || next.empty())) {
+      collect(batch);  // nothing follows it: its outcomes now, on this thread
+      leave = false;
+    }
     BatchResult result;
     KeyHolds failed;
-    auto outcomes = settle(batch, result, failed);
+    auto outcomes = settle_turn(in_flight, batch, leave, result, failed);
     total += result;
     all_delivered = all_delivered && result.retried + result.dead_lettered + result.released == 0;
     released = released || result.released > 0;
@@ -292,8 +324,11 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
       std::rethrow_exception(failure);
     }
     pending_ = std::move(outcomes);
-    if (control.stop()) hand_back(next);  // a stop came while this batch was in the sinks
-    if (ahead) pipeline_.claimed_ahead(std::move(failed));
+    if (stopping) hand_back(next);  // a stop came while this batch was in the sinks
+    // The batch just claimed ahead did not see the outcomes settled here (nor those written beside
+    // its claim); those of the batch left in the sinks are applied by publish_pipelined().
+    if (ahead && !next.empty()) pipeline_.claimed_ahead(std::move(failed));
+    if (in_flight) continue;  // next is not empty: the batch in the sinks is collected in its turn
     if (next.empty()) {
       // Nothing claimed while the sinks worked: the batch was short (caught up), or a stop or a
       // pause came, or the claim ahead found nothing. Complete it, then look again only if there
@@ -334,6 +369,31 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     }
   }
   return total;
+}
+
+void RelayLoop::publish_failed(Batch* before, Batch& batch, const std::exception_ptr& failure) {
+  // Not a sink's failure (those are outcomes). What the sinks still hold is collected, so that none
+  // is left with a submission of this drain.
+  if (before) collect(*before);
+  collect(batch);
+  if (before) retry_unsettled(*before, describe(failure));
+  retry_unsettled(batch, describe(failure));
+}
+
+std::vector<Completion> RelayLoop::settle_turn(std::optional<Batch>& in_flight, Batch& batch, bool leave,
+                                               BatchResult& result, KeyHolds& failed) {
+  std::vector<Completion> outcomes;
+  if (in_flight) {
+    outcomes = settle(*in_flight, result, failed);
+    in_flight.reset();
+  }
+  if (leave) {
+    in_flight.emplace(std::move(batch));
+  } else {
+    auto settled = settle(batch, result, failed);
+    move_all(settled, outcomes);
+  }
+  return outcomes;
 }
 
 RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const KeyHolds& held) const {
@@ -411,52 +471,138 @@ void RelayLoop::publish(Batch& batch) {
     } catch (...) {
       // A sink bug or a library's surprise, not a downstream failure: it costs these events a
       // retry, not the process. What the sink may have sent meanwhile is sent again.
-      const std::string why = "publish threw: " + describe(std::current_exception());
-      log::error("sink threw; its events of this batch will be retried",
-                 {{"sink", sink.name()}, {"events", events.size()}, {"error", why}});
-      outcomes.assign(events.size(), Outcome::retry(why));
+      outcomes = sink_threw(sink, events.size());
     }
-    metrics_.published(sink.name(), events.size(), seconds_between(started, clock_.now()));
-    if (outcomes.size() != events.size()) {
-      // A sink bug, not a downstream failure: retry the whole batch rather than guess.
-      outcomes.assign(events.size(), Outcome::retry("sink returned " + std::to_string(outcomes.size()) +
-                                                    " outcomes for " + std::to_string(events.size()) + " events"));
-    }
-    hold_back_after_failures(events, outcomes);  // per-key order whatever the sink did
-    const auto ack_us = clock_.wall_us();
-    for (std::size_t k = 0; k < outcomes.size(); ++k) {
-      Batch::Verdict& verdict = batch.verdicts[batch.per_sink_index[s][k]];
-      const Outcome& outcome = outcomes[k];
-      switch (outcome.kind) {
-        case OutcomeKind::kDelivered:
-          verdict.done.push_back(sink.name());
-          metrics_.delivered(sink.name(), static_cast<double>(ack_us - events[k]->created_at_us) / 1e6);
-          break;
-        case OutcomeKind::kRetry:
-          if (!verdict.retry) {
-            verdict.retry_reason = sink.name() + ": " + outcome.reason;
-            if (!verdict.failed_sink) verdict.failed_sink = &sink.name();
-          }
-          verdict.retry = true;
-          if (outcome.retry_after) {
-            verdict.retry_after =
-                std::max(verdict.retry_after.value_or(std::chrono::milliseconds{0}), *outcome.retry_after);
-          }
-          metrics_.retried(sink.name());
-          break;
-        case OutcomeKind::kPermanent:
-          if (verdict.permanent.empty()) {
-            verdict.permanent = sink.name() + ": " + outcome.reason;
-            verdict.failed_sink = &sink.name();
-          }
-          break;
-        case OutcomeKind::kDeferred: verdict.deferred = true; break;
-      }
-    }
-    if (spans_ != nullptr) [[unlikely]] {
-      trace(sink, batch, batch.per_sink_index[s], outcomes, ack_us);
+    record(s, batch, events, batch.per_sink_index[s], std::move(outcomes), started);
+  }
+}
+
+void RelayLoop::record(std::size_t s, Batch& batch, const std::vector<const Event*>& events,
+                       const std::vector<std::size_t>& index, std::vector<Outcome> outcomes,
+                       Clock::SteadyTime started) {
+  Sink& sink = *sinks_[s];
+  metrics_.published(sink.name(), events.size(), seconds_between(started, clock_.now()));
+  if (outcomes.size() != events.size()) {
+    // A sink bug, not a downstream failure: retry the whole batch rather than guess.
+    outcomes.assign(events.size(), Outcome::retry("sink returned " + std::to_string(outcomes.size()) +
+                                                  " outcomes for " + std::to_string(events.size()) + " events"));
+  }
+  hold_back_after_failures(events, outcomes);  // per-key order whatever the sink did
+  const auto ack_us = clock_.wall_us();
+  for (std::size_t k = 0; k < outcomes.size(); ++k) {
+    Batch::Verdict& verdict = batch.verdicts[index[k]];
+    const Outcome& outcome = outcomes[k];
+    switch (outcome.kind) {
+      case OutcomeKind::kDelivered:
+        verdict.done.push_back(sink.name());
+        metrics_.delivered(sink.name(), static_cast<double>(ack_us - events[k]->created_at_us) / 1e6);
+        break;
+      case OutcomeKind::kRetry:
+        if (!verdict.retry) {
+          verdict.retry_reason = sink.name() + ": " + outcome.reason;
+          if (!verdict.failed_sink) verdict.failed_sink = &sink.name();
+        }
+        verdict.retry = true;
+        if (outcome.retry_after) {
+          verdict.retry_after =
+              std::max(verdict.retry_after.value_or(std::chrono::milliseconds{0}), *outcome.retry_after);
+        }
+        metrics_.retried(sink.name());
+        break;
+      case OutcomeKind::kPermanent:
+        if (verdict.permanent.empty()) {
+          verdict.permanent = sink.name() + ": " + outcome.reason;
+          verdict.failed_sink = &sink.name();
+        }
+        break;
+      case OutcomeKind::kDeferred: verdict.deferred = true; break;
     }
   }
+  if (spans_ != nullptr) [[unlikely]] {
+    trace(sink, batch, index, outcomes, ack_us);
+  }
+}
+
+bool RelayLoop::all_pipelined() const {
+  return !sinks_.empty() && std::all_of(sinks_.begin(), sinks_.end(), [](const Sink* s) { return s->pipelined(); });
+}
+
+void RelayLoop::submit(Batch& batch, std::size_t sink_index, std::vector<const Event*> events,
+                       std::vector<std::size_t> index) {
+  if (events.empty()) return;
+  Batch::Submission submission{sink_index, std::move(events), std::move(index), {}};
+  Sink& sink = *sinks_[submission.sink];
+  submission.started = clock_.now();
+  try {
+    sink.submit(submission.events);
+  } catch (...) {
+    // As publish(): a retry for these events. The sink must then not keep the submission
+    // (Sink::submit() does not throw for downstream failures).
+    record(submission.sink, batch, submission.events, submission.index, sink_threw(sink, submission.events.size()),
+           submission.started);
+    return;
+  }
+  batch.submissions.push_back(std::move(submission));
+}
+
+void RelayLoop::collect(Batch& batch) {
+  for (Batch::Submission& sub : batch.submissions) {
+    Sink& sink = *sinks_[sub.sink];
+    std::vector<Outcome> outcomes;
+    try {
+      outcomes = sink.collect();
+    } catch (...) {
+      outcomes = sink_threw(sink, sub.events.size());
+    }
+    record(sub.sink, batch, sub.events, sub.index, std::move(outcomes), sub.started);
+  }
+  batch.submissions.clear();
+}
+
+void RelayLoop::publish_pipelined(Batch& batch, Batch* in_flight, bool leave) {
+  // Events of a key with an event in the batch still in the sinks wait for its outcomes.
+  std::vector<bool> behind;
+  if (in_flight) behind = events_behind(batch.events, in_flight->events);
+  std::vector<Batch::Submission> waiting(sinks_.size());
+  for (std::size_t s = 0; s < sinks_.size(); ++s) {
+    auto& events = batch.per_sink[s];
+    if (events.empty()) continue;
+    if (const std::size_t dropped = strip_reserved_headers(*sinks_[s], batch, events)) {
+      metrics_.headers_dropped(sinks_[s]->name(), dropped);
+    }
+    Batch::Submission now;
+    now.sink = s;
+    waiting[s].sink = s;
+    for (std::size_t k = 0; k < events.size(); ++k) {
+      const std::size_t i = batch.per_sink_index[s][k];
+      Batch::Submission& to = !behind.empty() && behind[i] ? waiting[s] : now;
+      to.events.push_back(events[k]);
+      to.index.push_back(i);
+    }
+    submit(batch, s, std::move(now.events), std::move(now.index));
+  }
+  if (in_flight) {
+    collect(*in_flight);
+    KeyHolds failed;  // keys with an event the batch in flight did not deliver (retried, released, dead)
+    for (std::size_t i = 0; i < in_flight->events.size(); ++i) {
+      const Batch::Verdict& v = in_flight->verdicts[i];
+      if (v.retry || v.deferred || !v.permanent.empty()) failed.hold(in_flight->events[i].key, in_flight->events[i].id);
+    }
+    for (Batch::Submission& w : waiting) {
+      Batch::Submission later;
+      later.sink = w.sink;
+      for (std::size_t k = 0; k < w.events.size(); ++k) {
+        if (failed.holds(w.events[k]->key)) {
+          batch.verdicts[w.index[k]].deferred = true;  // released unpublished, like a sink's deferred event
+        } else {
+          later.events.push_back(w.events[k]);
+          later.index.push_back(w.index[k]);
+        }
+      }
+      submit(batch, w.sink, std::move(later.events), std::move(later.index));
+    }
+  }
+  if (!leave) collect(batch);
 }
 
 void RelayLoop::trace(const Sink& sink, const Batch& batch, const std::vector<std::size_t>& index,

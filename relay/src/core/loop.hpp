@@ -4,6 +4,7 @@
 // work on batch k with completing batch k-1 and claiming batch k+1.
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <set>
@@ -131,6 +132,27 @@ class RelayLoop {
   // `events` did not see; their later events are released unpublished.
   Batch prepare(std::vector<Event> events, const KeyHolds& held) const;
   void publish(Batch& batch);  // the sinks' part; may run on a helper thread; does not throw
+  // One sink call's outcomes (sink `s`, for `events` at `index` of the batch) into the verdicts,
+  // with the per-key rule, metrics and spans.
+  void record(std::size_t s, Batch& batch, const std::vector<const Event*>& events,
+              const std::vector<std::size_t>& index, std::vector<Outcome> outcomes, Clock::SteadyTime started);
+  // Pipelined sinks (Sink::pipelined(), docs/design.md "Pipelined sinks"): whether every sink is.
+  bool all_pipelined() const;
+  // Submits the batch to the sinks while `in_flight` (may be null) is still in them: events whose
+  // key has an event in flight wait until it is collected (core/key_holds.hpp, events_behind()),
+  // then go in or are released. Collects `in_flight`, and the batch too unless `leave`.
+  void publish_pipelined(Batch& batch, Batch* in_flight, bool leave);
+  // Hands a pipelined sink (sinks_[sink]) events of the batch (at `index`); kept in the batch
+  // until collect().
+  void submit(Batch& batch, std::size_t sink, std::vector<const Event*> events, std::vector<std::size_t> index);
+  // The publish work of a turn threw as a whole: the sinks' submissions are collected and what is
+  // unsettled retries.
+  void publish_failed(Batch* before, Batch& batch, const std::exception_ptr& failure);
+  // The end of a drain's turn: the batch that was in the sinks (`in_flight`, collected by now)
+  // settles, and `batch` too unless it stays in them (`leave`): it then becomes `in_flight`.
+  std::vector<Completion> settle_turn(std::optional<Batch>& in_flight, Batch& batch, bool leave, BatchResult& result,
+                                      KeyHolds& failed);
+  void collect(Batch& batch);  // waits for the outcomes of every submission of the batch
   // Points `events` (a sink's share of the batch) at copies without the headers the sink reserves
   // (Sink::reserves_header); warns once per sink and name. Returns how many it dropped.
   std::size_t strip_reserved_headers(const Sink& sink, Batch& batch, std::vector<const Event*>& events);

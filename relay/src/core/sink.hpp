@@ -57,6 +57,27 @@ class Sink {
   virtual ~Sink() = default;
   virtual const std::string& name() const = 0;
   virtual std::vector<Outcome> publish(std::span<const Event* const> events) = 0;
+
+  // --- Pipelined publishing (opt in: pipelined() true; docs/design.md, "Pipelined sinks") ---
+  // The loop's drain then hands the sink the next batch while the previous batch's acknowledgements
+  // are outstanding: submit() sends events (id order) and returns without waiting for them;
+  // collect() waits for the oldest submission not yet collected and returns one outcome per event
+  // of it, in its order (bounded by the sink's timeout from its submit(); a submission the sink
+  // could not send gets retries). Neither throws for downstream failures. Called from one thread
+  // at a time. The loop keeps at most two batches in a sink, and never submits an event while an
+  // earlier event of its key is uncollected (core/key_holds.hpp, events_behind()), so a sink needs
+  // to keep order only within one submission, as publish() does. `events` stay alive until their
+  // collect() returns. publish() is not called while submissions are outstanding.
+  // The defaults publish at submit() and hand back the outcomes at collect(): today's behaviour; the
+  // loop pipelines only when every sink of the drain says pipelined().
+  virtual bool pipelined() const { return false; }
+  virtual void submit(std::span<const Event* const> events) { submitted_.push_back(publish(events)); }
+  virtual std::vector<Outcome> collect() {
+    if (submitted_.empty()) return {};
+    auto outcomes = std::move(submitted_.front());
+    submitted_.erase(submitted_.begin());
+    return outcomes;
+  }
   // Whether the sink can currently accept events (for /readyz). Cheap, thread-safe.
   virtual bool usable() const { return true; }
   // Push out anything buffered; called at shutdown. Bounded by timeout.
@@ -99,6 +120,9 @@ class Sink {
   virtual void outcomes_written(std::span<const Completion> /*completions*/) {}
   // A transactional sink's counts; nullopt for the others. Thread-safe, lock-free.
   virtual std::optional<TransactionCounts> transaction_counts() const { return std::nullopt; }
+
+ private:
+  std::vector<std::vector<Outcome>> submitted_;  // the default submit()'s outcomes, oldest first
 };
 
 // The lane grouping a set of sinks needs: the largest any asks for (0: none).

@@ -108,3 +108,26 @@ TEST_CASE("KeyHolds holds the later events of a key behind its smallest held id"
   CHECK(held.empty());
   CHECK_FALSE(held.holds(e9));
 }
+
+namespace {
+
+Event keyed(EventId id, std::string key) {
+  Event e;
+  e.id = id;
+  e.key = std::move(key);
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("events_behind: an event waits only while an event of its key is in flight") {
+  const std::vector<Event> in_flight{keyed(1, "a"), keyed(2, "b"), keyed(3, "a")};
+  const std::vector<Event> next{keyed(4, "a"), keyed(5, "c"), keyed(6, "b"), keyed(7, "c"), keyed(8, "")};
+  CHECK(events_behind(next, in_flight) == std::vector<bool>{true, false, true, false, false});
+  // Nothing in flight: nothing waits.
+  CHECK(events_behind(next, {}) == std::vector<bool>(5, false));
+  CHECK(events_behind({}, in_flight).empty());
+  // The empty key is a key like any other.
+  const std::vector<Event> empty_key{keyed(9, "")};
+  CHECK(events_behind(next, empty_key) == std::vector<bool>{false, false, false, false, true});
+}

@@ -987,3 +987,155 @@ TEST_CASE("tracing: root spans for rows without a valid traceparent only when as
   loop.run_once();
   CHECK(spans.spans.size() == 2);
 }
+
+// Pipelined sinks (Sink::pipelined()): the next batch enters the sink before the previous one's
+// outcomes are collected; an event whose key is still in the sink waits for them.
+
+namespace {
+
+// Records every submit() and collect() in `calls` ("s1,2" submitted ids 1 and 2; "c1,2" their
+// outcomes collected) and answers with a scripted outcome per id at collect().
+class PipelinedSink final : public NamedSink {
+ public:
+  explicit PipelinedSink(std::string name) : NamedSink(std::move(name)) {}
+  bool pipelined() const override { return true; }
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    submit(events);
+    return collect();
+  }
+  void submit(std::span<const Event* const> events) override {
+    std::vector<EventId> ids;
+    for (const Event* e : events) ids.push_back(e->id);
+    calls.push_back("s" + text(ids));
+    queue.push_back(std::move(ids));
+  }
+  std::vector<Outcome> collect() override {
+    REQUIRE(!queue.empty());
+    const auto ids = std::move(queue.front());
+    queue.pop_front();
+    calls.push_back("c" + text(ids));
+    std::vector<Outcome> out;
+    for (EventId id : ids) {
+      auto it = script.find(id);
+      out.push_back(it == script.end() ? Outcome::delivered() : it->second);
+    }
+    return out;
+  }
+  static std::string text(const std::vector<EventId>& ids) {
+    std::string out;
+    for (EventId id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
+    return out;
+  }
+  std::map<EventId, Outcome> script;
+  std::vector<std::string> calls;
+  std::deque<std::vector<EventId>> queue;
+};
+
+}  // namespace
+
+TEST_CASE("pipelined: the next batch enters the sink before the previous batch's outcomes are collected") {
+  Fixture f;
+  f.options.batch_size = 2;
+  PipelinedSink p{"p"};
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "z"), event(4, "w")});
+  f.store.batches.push_back({event(5, "v")});
+  auto loop = f.make(f.one, {&p});
+  const auto r = loop.drain({});
+  CHECK(r.delivered == 5);
+  CHECK(p.calls == std::vector<std::string>{"s1,2", "s3,4", "c1,2", "s5", "c3,4", "c5"});
+  CHECK(p.queue.empty());
+  REQUIRE(f.store.completed.size() == 5);
+  for (EventId id = 1; id <= 5; ++id) CHECK(f.store.of(id).kind == Kind::kDelivered);
+}
+
+TEST_CASE("pipelined: an event whose key is in flight waits for it, and is released if it failed") {
+  Fixture f;
+  f.options.batch_size = 3;
+  PipelinedSink p{"p"};
+  p.script[10] = Outcome::retry("LOADING");
+  f.store.batches.push_back({event(10, "k"), event(11, "j"), event(12, "m")});
+  // 13 (k) waits for 10 and is released; 14 (j) waits for 11 and goes in after it; 15 (n) at once.
+  f.store.batches.push_back({event(13, "k"), event(14, "j"), event(15, "n")});
+  f.store.batches.push_back({event(16, "q")});
+  auto loop = f.make(f.one, {&p});
+  const auto r = loop.drain({});
+  CHECK(p.calls == std::vector<std::string>{"s10,11,12", "s15", "c10,11,12", "s14", "s16", "c15", "c14", "c16"});
+  CHECK(f.store.of(10).kind == Kind::kRetry);
+  CHECK(f.store.of(13).kind == Kind::kRelease);
+  CHECK(f.store.of(14).kind == Kind::kDelivered);
+  CHECK(f.store.of(15).kind == Kind::kDelivered);
+  CHECK(f.store.of(16).kind == Kind::kDelivered);
+  CHECK(r.retried == 1);
+  CHECK(r.released == 1);
+}
+
+TEST_CASE("pipelined: a dead-lettered event also holds back the later events of its key in flight behind it") {
+  Fixture f;
+  f.options.batch_size = 2;
+  PipelinedSink p{"p"};
+  p.script[1] = Outcome::permanent("WRONGTYPE");
+  f.store.batches.push_back({event(1, "k"), event(2, "j")});
+  f.store.batches.push_back({event(3, "k"), event(4, "j")});
+  f.store.batches.push_back({event(5, "z")});
+  f.store.batches.push_back({event(3, "k")});  // claimable again after its release
+  auto loop = f.make(f.one, {&p});
+  loop.drain({});
+  CHECK(f.store.of(1).kind == Kind::kDeadLetter);
+  CHECK(f.store.completed[2].id == 3);  // batch 2's outcomes: 3 released, 4 delivered
+  CHECK(f.store.completed[2].kind == Kind::kRelease);
+  CHECK(p.calls == std::vector<std::string>{"s1,2", "c1,2", "s4", "s5", "c4", "c5", "s3", "c3"});
+}
+
+TEST_CASE("pipelined: a stop collects the batch in the sink and hands back the batch claimed ahead") {
+  Fixture f;
+  f.options.batch_size = 1;
+  PipelinedSink p{"p"};
+  for (EventId id = 1; id <= 5; ++id) f.store.batches.push_back({event(id, "k" + std::to_string(id))});
+  auto loop = f.make(f.one, {&p});
+  DrainControl control;
+  control.stop = [&] { return f.store.claims == 3; };
+  loop.drain(control);
+  CHECK(p.calls == std::vector<std::string>{"s1", "s2", "c1", "c2"});
+  CHECK(p.queue.empty());
+  CHECK(f.store.of(1).kind == Kind::kDelivered);
+  CHECK(f.store.of(2).kind == Kind::kDelivered);
+  CHECK(f.store.of(3).kind == Kind::kRelease);
+}
+
+TEST_CASE("pipelined: with a sink that is not pipelined, every batch is published as before") {
+  Fixture f;
+  f.options.batch_size = 2;
+  PipelinedSink p{"p"};
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "z"), event(4, "w")});
+  f.store.batches.push_back({event(5, "v")});
+  Router both({}, 2);  // every topic to both
+  auto loop = f.make(both, {&p, &f.a});
+  CHECK(loop.drain({}).delivered == 5);
+  CHECK(p.calls == std::vector<std::string>{"s1,2", "c1,2", "s3,4", "c3,4", "s5", "c5"});
+  CHECK(f.a.seen == std::vector<EventId>{1, 2, 3, 4, 5});
+}
+
+TEST_CASE("pipelined: the session lost beside a batch in the sink keeps every outcome for the next call") {
+  Fixture f;
+  f.options.batch_size = 2;
+  PipelinedSink p{"p"};
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});
+  f.store.batches.push_back({event(3, "z"), event(4, "w")});
+  f.store.batches.push_back({event(5, "v"), event(6, "u")});
+  f.store.batches.push_back({event(7, "t"), event(8, "s")});
+  auto loop = f.make(f.one, {&p});
+  // Batch 1's outcomes (settled beside batch 2) are written beside batch 3 entering the sink and
+  // batch 4's claim: that write fails.
+  f.store.fail_completes = 1;
+  CHECK_THROWS_AS(loop.drain({}), StoreUnavailable);
+  CHECK(p.queue.empty());  // batch 3 was collected before the drain gave up
+  CHECK(p.calls == std::vector<std::string>{"s1,2", "s3,4", "c1,2", "s5,6", "c3,4", "c5,6"});
+  CHECK(f.store.completed.empty());
+  loop.drain({});  // writes every outcome, batch 4 released
+  REQUIRE(f.store.completed.size() == 8);
+  for (EventId id = 1; id <= 6; ++id) CHECK(f.store.of(id).kind == Kind::kDelivered);
+  CHECK(f.store.of(7).kind == Kind::kRelease);
+  CHECK(f.store.of(8).kind == Kind::kRelease);
+}

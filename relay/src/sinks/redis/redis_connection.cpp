@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
+#include <deque>
 
 #include "sinks/common/c_handle.hpp"
 
@@ -43,19 +45,22 @@ bool wait_fd(int fd, short events, Clock::time_point deadline) {
 }  // namespace
 
 void append_command(std::string& out, const std::vector<std::string_view>& args) {
-  std::vector<const char*> argv;
-  std::vector<std::size_t> lengths;
-  argv.reserve(args.size());
-  lengths.reserve(args.size());
+  // RESP, as redisFormatCommandArgv writes it, straight into `out` (no allocation per command).
+  const auto append_number = [&out](std::size_t n) {
+    char digits[24];
+    const auto [end, ec] = std::to_chars(std::begin(digits), std::end(digits), n);
+    out.append(digits, static_cast<std::size_t>(end - digits));
+  };
+  out += '*';
+  append_number(args.size());
+  out += "\r\n";
   for (const auto& a : args) {
-    argv.push_back(a.data());
-    lengths.push_back(a.size());
+    out += '$';
+    append_number(a.size());
+    out += "\r\n";
+    out.append(a);
+    out += "\r\n";
   }
-  char* command = nullptr;
-  const int n = redisFormatCommandArgv(&command, static_cast<int>(argv.size()), argv.data(), lengths.data());
-  if (n < 0 || !command) throw std::bad_alloc();
-  out.append(command, static_cast<std::size_t>(n));
-  redisFreeCommand(command);
 }
 
 struct Connection::Impl {
@@ -120,13 +125,18 @@ struct Connection::Impl {
     return -1;
   }
 
-  std::vector<ReplyPtr> roundtrip(std::string_view commands, std::size_t count, Clock::time_point deadline,
-                                  std::string& error) {
-    std::vector<ReplyPtr> replies;
-    replies.reserve(count);
+  // Replies read but not yet handed out (receive()), and how many replies the commands sent so
+  // far still owe: more than that is a protocol error.
+  std::deque<ReplyPtr> arrived;
+  std::size_t owed = 0;
+
+  // Writes `commands` whole and reads until `need` replies have arrived, reading while it writes
+  // so neither side's buffers can stall the other. False with `error` set (and the connection
+  // broken) on a timeout, a lost connection or a protocol error.
+  bool pump(std::string_view commands, std::size_t need, Clock::time_point deadline, std::string& error) {
     if (broken) {
       error = "connection already failed";
-      return replies;
+      return false;
     }
     std::size_t written = 0;
     bool write_wants_read = false, read_wants_write = false;
@@ -134,9 +144,9 @@ struct Connection::Impl {
     auto fail = [&](std::string why) {
       broken = true;
       error = std::move(why);
-      return std::move(replies);
+      return false;
     };
-    while (replies.size() < count) {
+    while (written < commands.size() || arrived.size() < need) {
       // Write what the socket takes.
       while (written < commands.size()) {
         const long w = io_write(commands.data() + written, commands.size() - written, write_wants_read, error);
@@ -148,8 +158,8 @@ struct Connection::Impl {
       for (;;) {
         const long r = io_read(buf, sizeof buf, read_wants_write, error);
         if (r == -2) {
-          return fail("the server closed the connection (" + std::to_string(replies.size()) + " of " +
-                      std::to_string(count) + " replies read)");
+          return fail("the server closed the connection (" + std::to_string(arrived.size()) + " of " +
+                      std::to_string(need) + " replies read)");
         }
         if (r < 0) return fail(error);
         if (r == 0) break;
@@ -162,23 +172,47 @@ struct Connection::Impl {
             return fail(std::string("protocol error: ") + reader->errstr);
           }
           if (!reply) break;
-          replies.emplace_back(static_cast<redisReply*>(reply));
+          arrived.emplace_back(static_cast<redisReply*>(reply));
+          if (arrived.size() > owed) return fail("more replies than commands: protocol out of step");
         }
       }
-      if (replies.size() >= count) break;
+      if (written >= commands.size() && arrived.size() >= need) break;
       short events = POLLIN;
       if ((written < commands.size() && !write_wants_read) || read_wants_write) events |= POLLOUT;
       pollfd p{fd, events, 0};
       const int rc = ::poll(&p, 1, remaining_ms(deadline));
       if (rc < 0 && errno != EINTR) return fail(std::string("poll failed: ") + std::strerror(errno));
       if (rc == 0) {
-        return fail("timed out (" + std::to_string(replies.size()) + " of " + std::to_string(count) +
-                    " replies read, " + std::to_string(written) + " of " + std::to_string(commands.size()) +
-                    " bytes sent)");
+        return fail("timed out (" + std::to_string(arrived.size()) + " of " + std::to_string(need) + " replies read, " +
+                    std::to_string(written) + " of " + std::to_string(commands.size()) + " bytes sent)");
       }
     }
-    if (replies.size() > count) return fail("more replies than commands: protocol out of step");
+    return true;
+  }
+
+  bool send(std::string_view commands, std::size_t replies, Clock::time_point deadline, std::string& error) {
+    owed += replies;
+    return pump(commands, 0, deadline, error);
+  }
+
+  std::vector<ReplyPtr> receive(std::size_t count, Clock::time_point deadline, std::string& error) {
+    std::vector<ReplyPtr> replies;
+    const bool ok = pump({}, std::min(count, owed), deadline, error);
+    const std::size_t n = std::min(count, arrived.size());
+    replies.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      replies.push_back(std::move(arrived.front()));
+      arrived.pop_front();
+    }
+    owed -= n;
+    if (ok && n < count) error = "fewer replies owed than asked for: protocol out of step";
     return replies;
+  }
+
+  std::vector<ReplyPtr> roundtrip(std::string_view commands, std::size_t count, Clock::time_point deadline,
+                                  std::string& error) {
+    if (!send(commands, count, deadline, error)) return {};
+    return receive(count, deadline, error);
   }
 
   // Non-blocking connect to one address. Empty string on success.
@@ -295,6 +329,16 @@ std::unique_ptr<Connection> Connection::open(const RedisSinkConfig& c, Clock::ti
   }
   return std::unique_ptr<Connection>(new Connection(std::move(impl)));
 }
+
+bool Connection::send(std::string_view commands, std::size_t replies, Clock::time_point deadline, std::string& error) {
+  return impl_->send(commands, replies, deadline, error);
+}
+
+std::vector<ReplyPtr> Connection::receive(std::size_t count, Clock::time_point deadline, std::string& error) {
+  return impl_->receive(count, deadline, error);
+}
+
+std::size_t Connection::owed() const { return impl_->owed; }
 
 std::vector<ReplyPtr> Connection::roundtrip(std::string_view commands, std::size_t count, Clock::time_point deadline,
                                             std::string& error) {

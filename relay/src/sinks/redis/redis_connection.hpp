@@ -20,7 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 using ReplyPtr = CHandle<redisReply, &freeReplyObject>;
 
-// Appends one command in RESP to out (hiredis's redisFormatCommandArgv).
+// Appends one command in RESP to out (what hiredis's redisFormatCommandArgv writes).
 void append_command(std::string& out, const std::vector<std::string_view>& args);
 
 class Connection {
@@ -39,6 +39,16 @@ class Connection {
   // (timeout, connection lost, protocol error). After an error the connection is unusable.
   std::vector<ReplyPtr> roundtrip(std::string_view commands, std::size_t count, Clock::time_point deadline,
                                   std::string& error);
+
+  // The two halves of roundtrip(), for commands pipelined behind others (Redis answers the
+  // commands of one connection in order). send() writes `commands`, which owe `replies` replies,
+  // and returns once they are written (replies that arrive meanwhile are kept); false with `error`
+  // set on failure. receive() returns the next `count` replies in order: all of them, or fewer with
+  // `error` set. After an error the connection is unusable.
+  bool send(std::string_view commands, std::size_t replies, Clock::time_point deadline, std::string& error);
+  std::vector<ReplyPtr> receive(std::size_t count, Clock::time_point deadline, std::string& error);
+  // Replies owed by the commands sent and not yet handed out by receive().
+  std::size_t owed() const;
 
  private:
   struct Impl;
