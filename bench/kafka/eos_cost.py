@@ -62,6 +62,8 @@ class Run:
         s = {"name": "kafka", "type": "kafka", "brokers": self.a.brokers, "topic": topic}
         if mode.startswith("eos"):
             s.update({"exactly_once": True, "transactional_id": "bench-eos-" + uuid.uuid4().hex[:8]})
+            if self.a.eos_properties:
+                s["properties"] = dict(kv.split("=", 1) for kv in self.a.eos_properties.split(";"))
         return s
 
     def committed_ids(self, topic, timeout=180):
@@ -93,7 +95,8 @@ class Run:
         self.create_topic(topic)
         cpu0 = self.broker_cpu()
         r = timed_drain(self.a.url, self.a.relay_bin, self.work, mode, self.sink(mode, topic), self.a.events,
-                        self.batch_size(mode), self.logs / f"relay-drain-{mode}-{rnd}.log")
+                        self.batch_size(mode), self.logs / f"relay-drain-{mode}-{rnd}.log",
+                        log_level=self.a.relay_log_level)
         cpu1 = self.broker_cpu()
         ids = self.committed_ids(topic)
         r["in_topic"] = len(ids)
@@ -110,7 +113,8 @@ class Run:
         topic = f"bench.eos.steady.{mode}.{int(time.time())}"
         self.create_topic(topic)
         cfg = {"database": {"url": self.a.url}, "relay": {"batch_size": self.batch_size(mode)},
-               "http": {"enabled": False}, "sinks": [self.sink(mode, topic)]}
+               "http": {"enabled": False}, "log": {"level": self.a.relay_log_level},
+               "sinks": [self.sink(mode, topic)]}
         path = self.work / f"steady-{mode}.yaml"
         path.write_text(json.dumps(cfg))
         # The consumer is a process of its own (not a thread beside the writers: the GIL would
@@ -223,6 +227,10 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--eos-batch-sizes", default="500",
                    help="exactly-once drains at these relay batch sizes (at least once: --batch-size)")
+    p.add_argument("--eos-properties", default="",
+                   help="k=v;... librdkafka properties for the exactly-once sink (a diagnosis, e.g. debug=eos)")
+    p.add_argument("--relay-log-level", default="info",
+                   help="the relays' log level (debug: a line per Kafka transaction with its timings)")
     p.add_argument("--latency-rate", type=int, default=1000)
     p.add_argument("--latency-seconds", type=int, default=30)
     p.add_argument("--latency-warmup", type=float, default=3.0)
