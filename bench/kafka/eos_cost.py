@@ -146,6 +146,9 @@ class Run:
         lat = [(received[i] - t) * 1000 for i, t in committed.items()
                if i in received and t - first >= self.a.latency_warmup]
         missing = len(set(committed) - set(received))
+        if self.a.keep_samples:  # a diagnosis: every event's commit and receive time
+            (self.logs / f"steady-{mode}.samples.json").write_text(
+                json.dumps({i: [t, received.get(i)] for i, t in committed.items()}))
         return {"events": len(committed), "missing_at_consumer": missing,
                 "commit_to_consumer_ms": {"p50": round(pct(lat, 0.5), 2), "p99": round(pct(lat, 0.99), 2),
                                           "max": round(max(lat), 2), "samples": len(lat)},
@@ -231,6 +234,8 @@ def main():
                    help="k=v;... librdkafka properties for the exactly-once sink (a diagnosis, e.g. debug=eos)")
     p.add_argument("--relay-log-level", default="info",
                    help="the relays' log level (debug: a line per Kafka transaction with its timings)")
+    p.add_argument("--keep-samples", action="store_true",
+                   help="write each steady event's commit and receive time next to the relay logs (a diagnosis)")
     p.add_argument("--latency-rate", type=int, default=1000)
     p.add_argument("--latency-seconds", type=int, default=30)
     p.add_argument("--latency-warmup", type=float, default=3.0)

@@ -129,11 +129,11 @@ struct KafkaSinkImpl final : public KafkaSink {
   bool reserves_header(std::string_view header) const override { return is_reserved_kafka_header(header); }
 
   const KafkaSinkConfig config;
-  const std::string txn_id;          // exactly_once: the producer's transactional.id
-  // exactly_once: the transactional ids of the two producers that take turns (see spare).
-  std::array<std::string, 2> txn_ids() const { return {txn_id, txn_id + ".1"}; }
+  const std::string txn_id;          // exactly_once: the first producer's transactional.id
   const std::string progress_topic;  // exactly_once: where the marks go
   bool topic_auto_create = true;
+  // exactly_once: the transactional ids of the two producers that take turns (see spare).
+  std::array<std::string, 2> txn_ids() const { return {txn_id, txn_id + ".1"}; }
 
   // Held by publish(), flush() and the idle poller. librdkafka runs our callbacks only inside
   // rd_kafka_poll()/rd_kafka_flush(), which are called only under this mutex, so the batch state
@@ -146,7 +146,7 @@ struct KafkaSinkImpl final : public KafkaSink {
   // CONCURRENT_TRANSACTIONS, which librdkafka retries after 20 ms (measured: 6 of 10 drain batches,
   // 1 of 10 steady transactions). Both exist or neither; a takeover initialises (fences) both.
   std::unique_ptr<Producer> spare;
-  std::string producer_error;          // why producer is null
+  std::string producer_error;  // why producer is null (at least once)
   SteadyClock::time_point last_create_attempt{};
   std::string fatal_reason;
 
@@ -809,10 +809,11 @@ struct KafkaSinkImpl final : public KafkaSink {
     producer_ok = true;
     needs_takeover = false;
     takeover_failed = false;
-    log::info("kafka takeover: producer initialised, mark read back", {{"sink", name()},
-                                                                       {"transactional_ids", txn_id + ", " + txn_ids()[1]},
-                                                                       {"high_water", mark.high_water},
-                                                                       {"committed_not_marked", mark.ids.size()}});
+    log::info("kafka takeover: producer initialised, mark read back",
+              {{"sink", name()},
+               {"transactional_ids", txn_id + ", " + txn_ids()[1]},
+               {"high_water", mark.high_water},
+               {"committed_not_marked", mark.ids.size()}});
     return mark.ids;
   }
 
@@ -937,6 +938,8 @@ struct KafkaSinkImpl final : public KafkaSink {
       const auto ms = [](SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
       log::debug("kafka transaction committed", {{"sink", name()},
                                                  {"events", n},
+                                                 {"first_id", events.front()->id},
+                                                 {"last_id", events.back()->id},
                                                  {"produce_ms", ms(produced_at - started)},
                                                  {"flush_ms", ms(flushed_at - produced_at)},
                                                  {"commit_ms", ms(SteadyClock::now() - flushed_at)}});
