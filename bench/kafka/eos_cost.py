@@ -120,7 +120,8 @@ class Run:
         # The consumer is a process of its own (not a thread beside the writers: the GIL would
         # delay what it reads); it writes "id receive-time" lines.
         seen_path = self.work / f"steady-{mode}.seen"
-        reader = subprocess.Popen([sys.executable, __file__, "--consume", self.a.brokers, topic, str(seen_path)])
+        reader = subprocess.Popen([sys.executable, __file__, "--consume", self.a.brokers, topic, str(seen_path),
+                                   str(self.a.consumer_fetch_wait_ms)])
         time.sleep(2)
         with open(self.logs / f"relay-steady-{mode}.log", "w") as lf:
             relay = subprocess.Popen([self.a.relay_bin, "run", "--config", str(path)], stdout=subprocess.DEVNULL,
@@ -199,10 +200,11 @@ def read_seen(path):
     return seen
 
 
-def consume(brokers, topic, path):
+def consume(brokers, topic, path, fetch_wait_ms="5"):
     """The steady run's consumer: read_committed, live, one line per message as it arrives."""
     c = Consumer({"bootstrap.servers": brokers, "group.id": "eos-steady-" + uuid.uuid4().hex[:6],
-                  "isolation.level": "read_committed", "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+                  "isolation.level": "read_committed", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": int(fetch_wait_ms)})
     parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
     with open(path, "w", buffering=1) as out:
@@ -214,7 +216,7 @@ def consume(brokers, topic, path):
 
 
 def main():
-    if len(sys.argv) == 5 and sys.argv[1] == "--consume":
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "--consume":
         consume(*sys.argv[2:])
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -236,6 +238,8 @@ def main():
                    help="the relays' log level (debug: a line per Kafka transaction with its timings)")
     p.add_argument("--keep-samples", action="store_true",
                    help="write each steady event's commit and receive time next to the relay logs (a diagnosis)")
+    p.add_argument("--consumer-fetch-wait-ms", type=int, default=5,
+                   help="the steady consumer's fetch.wait.max.ms (librdkafka's default: 500)")
     p.add_argument("--latency-rate", type=int, default=1000)
     p.add_argument("--latency-seconds", type=int, default=30)
     p.add_argument("--latency-warmup", type=float, default=3.0)
