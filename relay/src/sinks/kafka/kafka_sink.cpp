@@ -666,14 +666,24 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
     static_cast<void>(conf.release());
     ConsumerPtr rk(raw);
-    const int timeout = clamp_ms(config.delivery_timeout * 2);
     std::int64_t low = 0;
     std::int64_t high = 0;
-    // With read_committed, high is the last stable offset.
-    if (const auto err =
-            rd_kafka_query_watermark_offsets(rk.get(), progress_topic.c_str(), kGroupPartition, &low, &high, timeout);
-        err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      error = "cannot read the offsets of " + progress_topic + ": " + error_text(err);
+    // With read_committed, high is the last stable offset. A progress topic created moments ago
+    // may have no leader yet: asked again until the reader's deadline, not after a failed takeover's
+    // kTakeoverInterval (a second lost at a first start, measured).
+    const auto offsets_deadline = SteadyClock::now() + config.delivery_timeout * 2;
+    rd_kafka_resp_err_t offsets_err = RD_KAFKA_RESP_ERR_NO_ERROR;
+    for (;;) {
+      offsets_err = rd_kafka_query_watermark_offsets(rk.get(), progress_topic.c_str(), kGroupPartition, &low, &high,
+                                                     clamp_ms(offsets_deadline - SteadyClock::now()));
+      const bool leader_pending = offsets_err == RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION ||
+                                  offsets_err == RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE ||
+                                  offsets_err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
+      if (!leader_pending || SteadyClock::now() + milliseconds(50) >= offsets_deadline) break;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    if (offsets_err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      error = "cannot read the offsets of " + progress_topic + ": " + error_text(offsets_err);
       return std::nullopt;
     }
     Mark mark;
