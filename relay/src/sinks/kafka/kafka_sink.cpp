@@ -866,6 +866,59 @@ struct KafkaSinkImpl final : public KafkaSink {
     std::this_thread::sleep_for(std::chrono::seconds(hold));
   }
 
+  // When a transaction's phases ended (debug log).
+  struct TransactionTimes {
+    SteadyClock::time_point started, produced, flushed, committed;
+  };
+  void log_committed(std::span<const Event* const> events, const TransactionTimes& t) const {
+    const auto ms = [](SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    log::debug("kafka transaction committed", {{"sink", name()},
+                                               {"events", events.size()},
+                                               {"first_id", events.front()->id},
+                                               {"last_id", events.back()->id},
+                                               {"produce_ms", ms(t.produced - t.started)},
+                                               {"flush_ms", ms(t.flushed - t.produced)},
+                                               {"commit_ms", ms(t.committed - t.flushed)}});
+  }
+
+  // The outcomes of a committed transaction: its produced events are in Kafka (and in the ledger
+  // from now on). Thread: under mutex.
+  std::vector<Outcome> committed_outcomes(std::span<const Event* const> events, const std::vector<bool>& produced,
+                                          EventId hw) {
+    std::vector<Outcome> outcomes;
+    outcomes.reserve(events.size());
+    {
+      std::lock_guard ledger_lock(ledger_mutex);
+      for (std::size_t i = 0; i < events.size(); ++i) {
+        if (produced[i]) {
+          ledger.insert(events[i]->id);
+          outcomes.push_back(Outcome::delivered());
+        } else {
+          outcomes.push_back(results[i] ? std::move(*results[i]) : Outcome::retry("not produced"));
+        }
+      }
+      high_water = std::max(high_water, hw);
+    }
+    reachable = true;
+    log_batch("kafka", name(), outcomes);
+    return outcomes;
+  }
+
+  // Aborted: nothing of the transaction is visible. An event its delivery report called permanent
+  // is dead-lettered; the others retry. Thread: under mutex.
+  std::vector<Outcome> aborted_outcomes(const std::vector<bool>& produced, const std::string& why) {
+    std::vector<Outcome> outcomes;
+    outcomes.reserve(results.size());
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const bool keep = results[i] && (!produced[i] || results[i]->kind == OutcomeKind::kPermanent);
+      outcomes.push_back(keep ? std::move(*results[i]) : Outcome::retry("kafka transaction aborted: " + why));
+    }
+    log::warn("kafka transaction aborted; its events retry",
+              {{"sink", name()}, {"error", why}, {"events", results.size()}});
+    log_batch("kafka", name(), outcomes);
+    return outcomes;
+  }
+
   std::vector<Outcome> publish_transaction(std::span<const Event* const> events) {
     std::unique_lock lock(mutex);
     const std::size_t n = events.size();
@@ -945,31 +998,8 @@ struct KafkaSinkImpl final : public KafkaSink {
       test_hold("after_commit", n);
       ++eos.committed;
       std::swap(producer, spare);  // the next transaction on the other id: no wait for this one's markers
-      const auto ms = [](SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-      log::debug("kafka transaction committed", {{"sink", name()},
-                                                 {"events", n},
-                                                 {"first_id", events.front()->id},
-                                                 {"last_id", events.back()->id},
-                                                 {"produce_ms", ms(produced_at - started)},
-                                                 {"flush_ms", ms(flushed_at - produced_at)},
-                                                 {"commit_ms", ms(SteadyClock::now() - flushed_at)}});
-      std::vector<Outcome> outcomes;
-      outcomes.reserve(n);
-      {
-        std::lock_guard ledger_lock(ledger_mutex);
-        for (std::size_t i = 0; i < n; ++i) {
-          if (produced[i]) {
-            ledger.insert(events[i]->id);
-            outcomes.push_back(Outcome::delivered());
-          } else {
-            outcomes.push_back(results[i] ? std::move(*results[i]) : Outcome::retry("not produced"));
-          }
-        }
-        high_water = std::max(high_water, hw);
-      }
-      reachable = true;
-      log_batch("kafka", name(), outcomes);
-      return outcomes;
+      log_committed(events, {started, produced_at, flushed_at, SteadyClock::now()});
+      return committed_outcomes(events, produced, hw);
     }
     if (fatal || !rd_kafka_error_txn_requires_abort(failed.get())) {
       // Fatal, or a commit whose outcome is in doubt: the takeover's mark says which.
@@ -983,21 +1013,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
     ++eos.aborted;
     std::swap(producer, spare);
-    // Aborted: nothing of it is visible. An event its delivery report called permanent is
-    // dead-lettered; the others retry.
-    std::vector<Outcome> outcomes;
-    outcomes.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (produced[i]) {
-        const bool permanent = results[i] && results[i]->kind == OutcomeKind::kPermanent;
-        outcomes.push_back(permanent ? std::move(*results[i]) : Outcome::retry("kafka transaction aborted: " + why));
-      } else {
-        outcomes.push_back(results[i] ? std::move(*results[i]) : Outcome::retry("kafka transaction aborted: " + why));
-      }
-    }
-    log::warn("kafka transaction aborted; its events retry", {{"sink", name()}, {"error", why}, {"events", n}});
-    log_batch("kafka", name(), outcomes);
-    return outcomes;
+    return aborted_outcomes(produced, why);
   }
 
   bool usable() const override {
