@@ -62,6 +62,8 @@ class Run:
         s = {"name": "kafka", "type": "kafka", "brokers": self.a.brokers, "topic": topic}
         if mode.startswith("eos"):
             s.update({"exactly_once": True, "transactional_id": "bench-eos-" + uuid.uuid4().hex[:8]})
+            if self.a.eos_properties:
+                s["properties"] = dict(kv.split("=", 1) for kv in self.a.eos_properties.split(";"))
         return s
 
     def committed_ids(self, topic, timeout=180):
@@ -93,7 +95,8 @@ class Run:
         self.create_topic(topic)
         cpu0 = self.broker_cpu()
         r = timed_drain(self.a.url, self.a.relay_bin, self.work, mode, self.sink(mode, topic), self.a.events,
-                        self.batch_size(mode), self.logs / f"relay-drain-{mode}-{rnd}.log")
+                        self.batch_size(mode), self.logs / f"relay-drain-{mode}-{rnd}.log",
+                        log_level=self.a.relay_log_level)
         cpu1 = self.broker_cpu()
         ids = self.committed_ids(topic)
         r["in_topic"] = len(ids)
@@ -110,13 +113,15 @@ class Run:
         topic = f"bench.eos.steady.{mode}.{int(time.time())}"
         self.create_topic(topic)
         cfg = {"database": {"url": self.a.url}, "relay": {"batch_size": self.batch_size(mode)},
-               "http": {"enabled": False}, "sinks": [self.sink(mode, topic)]}
+               "http": {"enabled": False}, "log": {"level": self.a.relay_log_level},
+               "sinks": [self.sink(mode, topic)]}
         path = self.work / f"steady-{mode}.yaml"
         path.write_text(json.dumps(cfg))
         # The consumer is a process of its own (not a thread beside the writers: the GIL would
         # delay what it reads); it writes "id receive-time" lines.
         seen_path = self.work / f"steady-{mode}.seen"
-        reader = subprocess.Popen([sys.executable, __file__, "--consume", self.a.brokers, topic, str(seen_path)])
+        reader = subprocess.Popen([sys.executable, __file__, "--consume", self.a.brokers, topic, str(seen_path),
+                                   str(self.a.consumer_fetch_wait_ms)])
         time.sleep(2)
         with open(self.logs / f"relay-steady-{mode}.log", "w") as lf:
             relay = subprocess.Popen([self.a.relay_bin, "run", "--config", str(path)], stdout=subprocess.DEVNULL,
@@ -142,6 +147,9 @@ class Run:
         lat = [(received[i] - t) * 1000 for i, t in committed.items()
                if i in received and t - first >= self.a.latency_warmup]
         missing = len(set(committed) - set(received))
+        if self.a.keep_samples:  # a diagnosis: every event's commit and receive time
+            (self.logs / f"steady-{mode}.samples.json").write_text(
+                json.dumps({i: [t, received.get(i)] for i, t in committed.items()}))
         return {"events": len(committed), "missing_at_consumer": missing,
                 "commit_to_consumer_ms": {"p50": round(pct(lat, 0.5), 2), "p99": round(pct(lat, 0.99), 2),
                                           "max": round(max(lat), 2), "samples": len(lat)},
@@ -192,10 +200,11 @@ def read_seen(path):
     return seen
 
 
-def consume(brokers, topic, path):
+def consume(brokers, topic, path, fetch_wait_ms="5"):
     """The steady run's consumer: read_committed, live, one line per message as it arrives."""
     c = Consumer({"bootstrap.servers": brokers, "group.id": "eos-steady-" + uuid.uuid4().hex[:6],
-                  "isolation.level": "read_committed", "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+                  "isolation.level": "read_committed", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": int(fetch_wait_ms)})
     parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
     with open(path, "w", buffering=1) as out:
@@ -207,7 +216,7 @@ def consume(brokers, topic, path):
 
 
 def main():
-    if len(sys.argv) == 5 and sys.argv[1] == "--consume":
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "--consume":
         consume(*sys.argv[2:])
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -223,6 +232,14 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--eos-batch-sizes", default="500",
                    help="exactly-once drains at these relay batch sizes (at least once: --batch-size)")
+    p.add_argument("--eos-properties", default="",
+                   help="k=v;... librdkafka properties for the exactly-once sink (a diagnosis, e.g. debug=eos)")
+    p.add_argument("--relay-log-level", default="info",
+                   help="the relays' log level (debug: a line per Kafka transaction with its timings)")
+    p.add_argument("--keep-samples", action="store_true",
+                   help="write each steady event's commit and receive time next to the relay logs (a diagnosis)")
+    p.add_argument("--consumer-fetch-wait-ms", type=int, default=5,
+                   help="the steady consumer's fetch.wait.max.ms (librdkafka's default: 500)")
     p.add_argument("--latency-rate", type=int, default=1000)
     p.add_argument("--latency-seconds", type=int, default=30)
     p.add_argument("--latency-warmup", type=float, default=3.0)

@@ -3,6 +3,7 @@
 #   bench/kafka/run.sh [bench.py options, e.g. --rounds 3 --latency-seconds 60]
 #   bench/kafka/run.sh --eos [eos_cost.py options]: what exactly_once: true costs (issue 44)
 # BENCH_RELAY_BIN=path (--eos only): that relay binary instead of a Release build.
+# BENCH_KAFKA_PROPS="k=v ...": extra lines for the broker's server.properties (a diagnosis).
 # Builds outbox-relay and outbox-bench (Release, in build-bench-kafka/), starts a throwaway
 # PostgreSQL 15 cluster with fsync on (scripts/pg-cluster.sh) and a throwaway Apache Kafka broker
 # (tests/kafka/broker.sh: KRaft, jars from Maven Central on first use), runs bench/kafka/bench.py
@@ -46,7 +47,9 @@ url=$(env -u PG_FAST "$root/scripts/pg-cluster.sh" start "$work/pg")
 psql -X -q "$url" -c "CREATE DATABASE bench"
 bench_url="${url%/*}/bench"
 echo "[bench-kafka] starting Apache Kafka in $work/kafka" >&2
-brokers=$("$root/tests/kafka/broker.sh" start "$work/kafka")
+# BENCH_KAFKA_PROPS="k=v ...": extra server.properties lines (a diagnosis; say so with the figures).
+# shellcheck disable=SC2086
+brokers=$("$root/tests/kafka/broker.sh" start "$work/kafka" "" ${BENCH_KAFKA_PROPS:-})
 
 mkdir -p "$root/bench/out"
 if [ "${1:-}" = --eos ]; then

@@ -1,6 +1,7 @@
 #include "sinks/kafka/kafka_sink.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -130,16 +131,24 @@ struct KafkaSinkImpl final : public KafkaSink {
   std::string destination(const Event& event) const override { return render_topic(config.topic, event.topic); }
 
   const KafkaSinkConfig config;
-  const std::string txn_id;          // exactly_once: the producer's transactional.id
+  const std::string txn_id;          // exactly_once: the first producer's transactional.id
   const std::string progress_topic;  // exactly_once: where the marks go
   bool topic_auto_create = true;
+  // exactly_once: the transactional ids of the two producers that take turns (see spare).
+  std::array<std::string, 2> txn_ids() const { return {txn_id, txn_id + ".1"}; }
 
   // Held by publish(), flush() and the idle poller. librdkafka runs our callbacks only inside
   // rd_kafka_poll()/rd_kafka_flush(), which are called only under this mutex, so the batch state
   // below needs no other lock. (The log callback runs on librdkafka's threads; it reads only name.)
   std::mutex mutex;
   std::unique_ptr<Producer> producer;  // null only after a failed re-creation
-  std::string producer_error;          // why producer is null
+  // Exactly once: the second transactional producer (transactional.id txn_id + ".1"). The two take
+  // turns, one transaction each: the broker writes a transaction's commit markers after EndTxn has
+  // returned, and until it has, the coordinator answers the same id's next AddPartitionsToTxn with
+  // CONCURRENT_TRANSACTIONS, which librdkafka retries after 20 ms (measured: 6 of 10 drain batches,
+  // 1 of 10 steady transactions). Both exist or neither; a takeover initialises (fences) both.
+  std::unique_ptr<Producer> spare;
+  std::string producer_error;  // why producer is null (at least once)
   SteadyClock::time_point last_create_attempt{};
   std::string fatal_reason;
 
@@ -182,6 +191,7 @@ struct KafkaSinkImpl final : public KafkaSink {
   ~KafkaSinkImpl() override {
     poller.stop();
     producer.reset();  // before the batch state above, which its last callbacks may touch
+    spare.reset();
   }
 
   // --- librdkafka callbacks (C linkage compatible, opaque = KafkaSinkImpl*) ---
@@ -247,7 +257,8 @@ struct KafkaSinkImpl final : public KafkaSink {
 
   // --- producer lifecycle (under mutex) ---
 
-  std::unique_ptr<Producer> create_producer(std::string& error) {
+  // exactly_once: slot 0 or 1 picks the transactional id (txn_ids()).
+  std::unique_ptr<Producer> create_producer(std::string& error, int slot = 0) {
     ConfPtr conf(rd_kafka_conf_new());
     char text[512] = {};
     bool ok = true;
@@ -266,7 +277,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     if (config.exactly_once) {
       // librdkafka caps message.timeout.ms at transaction.timeout.ms itself; a message it times
       // out only aborts its transaction, which leaves no gap a reader could see.
-      set("transactional.id", txn_id, here + ".transactional_id");
+      set("transactional.id", txn_ids()[static_cast<std::size_t>(slot)], here + ".transactional_id");
       set("transaction.timeout.ms", std::to_string(effective_transaction_timeout(config).count()),
           here + ".transaction_timeout");
       // librdkafka registers a transaction's partitions with the coordinator after linger.ms (to
@@ -342,8 +353,13 @@ struct KafkaSinkImpl final : public KafkaSink {
     if (config.exactly_once) {
       // Only a takeover (Sink::take_over, from the runner) makes a transactional producer: one made
       // here could fence the relay that holds the lanes now (a resumed zombie).
-      if (producer && check_fatal(producer->rk.get())) drop_transactional("fatal error: " + fatal_reason);
-      return producer != nullptr && !needs_takeover.load();
+      for (const auto* p : {&producer, &spare}) {
+        if (*p && check_fatal((*p)->rk.get())) {
+          drop_transactional("fatal error: " + fatal_reason);
+          break;
+        }
+      }
+      return producer != nullptr && spare != nullptr && !needs_takeover.load();
     }
     if (producer && check_fatal(producer->rk.get())) replace_producer("fatal error: " + fatal_reason);
     if (!producer && SteadyClock::now() - last_create_attempt >= kRecreateInterval) {
@@ -360,7 +376,9 @@ struct KafkaSinkImpl final : public KafkaSink {
   // The poller's tick.
   void poll_idle() {
     std::lock_guard lock(mutex);
-    if (ensure_producer()) rd_kafka_poll(producer->rk.get(), 0);
+    if (!ensure_producer()) return;
+    rd_kafka_poll(producer->rk.get(), 0);
+    if (spare) rd_kafka_poll(spare->rk.get(), 0);
   }
 
   // --- publishing (under mutex) ---
@@ -565,11 +583,14 @@ struct KafkaSinkImpl final : public KafkaSink {
 
   // The producer is done for: nothing more of it is sent, and only a takeover makes the next one.
   void drop_transactional(const std::string& why, rd_kafka_resp_err_t code = RD_KAFKA_RESP_ERR_NO_ERROR) {
-    char text[512] = {};
-    const rd_kafka_resp_err_t origin =
-        producer ? rd_kafka_fatal_error(producer->rk.get(), text, sizeof text) : RD_KAFKA_RESP_ERR_NO_ERROR;
-    if (is_fence(code) || is_fence(origin)) note_fenced(why);
+    bool fenced = is_fence(code);
+    for (const auto* p : {&producer, &spare}) {
+      char text[512] = {};
+      if (*p && is_fence(rd_kafka_fatal_error((*p)->rk.get(), text, sizeof text))) fenced = true;
+    }
+    if (fenced) note_fenced(why);
     producer.reset();
+    spare.reset();
     producer_ok = false;
     needs_takeover = true;
     fatal_reason.clear();
@@ -580,7 +601,7 @@ struct KafkaSinkImpl final : public KafkaSink {
 
   void note_fenced(const std::string& why) {
     ++eos.fenced;
-    log::error("kafka producer fenced: another relay initialised transactional id " + txn_id +
+    log::error("kafka producer fenced: another relay initialised transactional id " + txn_id + " or " + txn_ids()[1] +
                    " (it took these lanes over); this relay publishes nothing more with it",
                {{"sink", name()}, {"reason", why}});
   }
@@ -658,14 +679,24 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
     static_cast<void>(conf.release());
     ConsumerPtr rk(raw);
-    const int timeout = clamp_ms(config.delivery_timeout * 2);
     std::int64_t low = 0;
     std::int64_t high = 0;
-    // With read_committed, high is the last stable offset.
-    if (const auto err =
-            rd_kafka_query_watermark_offsets(rk.get(), progress_topic.c_str(), kGroupPartition, &low, &high, timeout);
-        err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-      error = "cannot read the offsets of " + progress_topic + ": " + error_text(err);
+    // With read_committed, high is the last stable offset. A progress topic created moments ago
+    // may have no leader yet: asked again until the reader's deadline, not after a failed takeover's
+    // kTakeoverInterval (a second lost at a first start, measured).
+    const auto offsets_deadline = SteadyClock::now() + config.delivery_timeout * 2;
+    rd_kafka_resp_err_t offsets_err = RD_KAFKA_RESP_ERR_NO_ERROR;
+    for (;;) {
+      offsets_err = rd_kafka_query_watermark_offsets(rk.get(), progress_topic.c_str(), kGroupPartition, &low, &high,
+                                                     clamp_ms(offsets_deadline - SteadyClock::now()));
+      const bool leader_pending = offsets_err == RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION ||
+                                  offsets_err == RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE ||
+                                  offsets_err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
+      if (!leader_pending || SteadyClock::now() + milliseconds(50) >= offsets_deadline) break;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    if (offsets_err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+      error = "cannot read the offsets of " + progress_topic + ": " + error_text(offsets_err);
       return std::nullopt;
     }
     Mark mark;
@@ -732,8 +763,9 @@ struct KafkaSinkImpl final : public KafkaSink {
     if (!owns_group.load()) {
       // Another relay owns (or is about to own) the group: its producer fences this one anyway;
       // never init here, which would fence it.
-      if (producer) {
+      if (producer || spare) {
         producer.reset();
+        spare.reset();
         producer_ok = false;
         log::info("kafka transactional producer closed: this relay no longer owns the lanes", {{"sink", name()}});
       }
@@ -747,28 +779,47 @@ struct KafkaSinkImpl final : public KafkaSink {
     last_takeover_attempt = now;
     takeover_failed = true;  // until it succeeds below
     producer.reset();
+    spare.reset();
     producer_ok = false;
     std::string error;
-    auto made = create_producer(error);
-    if (!made) {
-      log::error("kafka takeover: cannot create the transactional producer", {{"sink", name()}, {"error", error}});
-      return {};
-    }
-    // Fences every earlier instance of txn_id and completes (aborts, or rolls forward if it was
-    // already committing) its open transaction. Retriable errors: call again.
+    std::array<std::unique_ptr<Producer>, 2> made;
     const auto deadline = now + 2 * effective_transaction_timeout(config);
-    for (;;) {
-      ErrorPtr failed(rd_kafka_init_transactions(made->rk.get(), clamp_ms(effective_transaction_timeout(config))));
-      if (!failed) break;
-      if (!rd_kafka_error_is_retriable(failed.get()) || SteadyClock::now() >= deadline) {
-        log::error("kafka takeover: init_transactions failed; retried",
-                   {{"sink", name()}, {"error", describe(failed.get())}});
+    for (int slot = 0; slot < 2; ++slot) {
+      auto& p = made[static_cast<std::size_t>(slot)];
+      p = create_producer(error, slot);
+      if (!p) {
+        log::error("kafka takeover: cannot create the transactional producer", {{"sink", name()}, {"error", error}});
         return {};
       }
+      // Fences every earlier instance of this transactional id and completes (aborts, or rolls
+      // forward if it was already committing) its open transaction. Retriable errors: call again.
+      // Both ids are initialised before the mark is read: a zombie can commit on neither after it.
+      for (;;) {
+        ErrorPtr failed(rd_kafka_init_transactions(p->rk.get(), clamp_ms(effective_transaction_timeout(config))));
+        if (!failed) break;
+        if (!rd_kafka_error_is_retriable(failed.get()) || SteadyClock::now() >= deadline) {
+          log::error("kafka takeover: init_transactions failed; retried",
+                     {{"sink", name()},
+                      {"transactional_id", txn_ids()[static_cast<std::size_t>(slot)]},
+                      {"error", describe(failed.get())}});
+          return {};
+        }
+      }
     }
-    if (!ensure_progress_topic(made->rk.get(), error)) {
+    if (!ensure_progress_topic(made[0]->rk.get(), error)) {
       log::error("kafka takeover: no progress topic; retried", {{"sink", name()}, {"error", error}});
       return {};
+    }
+    // Each producer learns the progress topic's partitions now: a mark produced to a topic the
+    // producer has no metadata for waits in librdkafka for its next metadata refresh (measured:
+    // ~1 s in the first transaction of each producer). Best effort: a failure only costs that wait.
+    for (const auto& p : made) {
+      TopicPtr rkt(rd_kafka_topic_new(p->rk.get(), progress_topic.c_str(), nullptr));
+      const rd_kafka_metadata_t* metadata = nullptr;
+      if (rkt && rd_kafka_metadata(p->rk.get(), 0, rkt.get(), &metadata, clamp_ms(config.delivery_timeout)) ==
+                     RD_KAFKA_RESP_ERR_NO_ERROR) {
+        rd_kafka_metadata_destroy(metadata);
+      }
     }
     Mark mark;
     if (test_no_readback()) {
@@ -801,14 +852,16 @@ struct KafkaSinkImpl final : public KafkaSink {
       ledger = std::set<EventId>(mark.ids.begin(), mark.ids.end());
       high_water = std::max(high_water, mark.high_water);
     }
-    producer = std::move(made);
+    producer = std::move(made[0]);
+    spare = std::move(made[1]);
     producer_ok = true;
     needs_takeover = false;
     takeover_failed = false;
-    log::info("kafka takeover: producer initialised, mark read back", {{"sink", name()},
-                                                                       {"transactional_id", txn_id},
-                                                                       {"high_water", mark.high_water},
-                                                                       {"committed_not_marked", mark.ids.size()}});
+    log::info("kafka takeover: producer initialised, mark read back",
+              {{"sink", name()},
+               {"transactional_ids", txn_id + ", " + txn_ids()[1]},
+               {"high_water", mark.high_water},
+               {"committed_not_marked", mark.ids.size()}});
     return mark.ids;
   }
 
@@ -859,6 +912,59 @@ struct KafkaSinkImpl final : public KafkaSink {
     std::this_thread::sleep_for(std::chrono::seconds(hold));
   }
 
+  // When a transaction's phases ended (debug log).
+  struct TransactionTimes {
+    SteadyClock::time_point started, produced, flushed, committed;
+  };
+  void log_committed(std::span<const Event* const> events, const TransactionTimes& t) const {
+    const auto ms = [](SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    log::debug("kafka transaction committed", {{"sink", name()},
+                                               {"events", events.size()},
+                                               {"first_id", events.front()->id},
+                                               {"last_id", events.back()->id},
+                                               {"produce_ms", ms(t.produced - t.started)},
+                                               {"flush_ms", ms(t.flushed - t.produced)},
+                                               {"commit_ms", ms(t.committed - t.flushed)}});
+  }
+
+  // The outcomes of a committed transaction: its produced events are in Kafka (and in the ledger
+  // from now on). Thread: under mutex.
+  std::vector<Outcome> committed_outcomes(std::span<const Event* const> events, const std::vector<bool>& produced,
+                                          EventId hw) {
+    std::vector<Outcome> outcomes;
+    outcomes.reserve(events.size());
+    {
+      std::lock_guard ledger_lock(ledger_mutex);
+      for (std::size_t i = 0; i < events.size(); ++i) {
+        if (produced[i]) {
+          ledger.insert(events[i]->id);
+          outcomes.push_back(Outcome::delivered());
+        } else {
+          outcomes.push_back(results[i] ? std::move(*results[i]) : Outcome::retry("not produced"));
+        }
+      }
+      high_water = std::max(high_water, hw);
+    }
+    reachable = true;
+    log_batch("kafka", name(), outcomes);
+    return outcomes;
+  }
+
+  // Aborted: nothing of the transaction is visible. An event its delivery report called permanent
+  // is dead-lettered; the others retry. Thread: under mutex.
+  std::vector<Outcome> aborted_outcomes(const std::vector<bool>& produced, const std::string& why) {
+    std::vector<Outcome> outcomes;
+    outcomes.reserve(results.size());
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const bool keep = results[i] && (!produced[i] || results[i]->kind == OutcomeKind::kPermanent);
+      outcomes.push_back(keep ? std::move(*results[i]) : Outcome::retry("kafka transaction aborted: " + why));
+    }
+    log::warn("kafka transaction aborted; its events retry",
+              {{"sink", name()}, {"error", why}, {"events", results.size()}});
+    log_batch("kafka", name(), outcomes);
+    return outcomes;
+  }
+
   std::vector<Outcome> publish_transaction(std::span<const Event* const> events) {
     std::unique_lock lock(mutex);
     const std::size_t n = events.size();
@@ -867,7 +973,8 @@ struct KafkaSinkImpl final : public KafkaSink {
       return std::vector<Outcome>(n, Outcome::deferred("kafka exactly once: waiting for the takeover of the lanes"));
     }
     rd_kafka_t* rk = producer->rk.get();
-    const auto deadline = SteadyClock::now() + config.delivery_timeout;
+    const auto started = SteadyClock::now();
+    const auto deadline = started + config.delivery_timeout;
     ++generation;
     batch_open = true;
     results.assign(n, std::nullopt);
@@ -928,7 +1035,9 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
     // Sends at once (ignoring linger.ms) and serves the delivery reports; the commit then only
     // ends the transaction.
+    const auto produced_at = SteadyClock::now();
     if (!fatal) rd_kafka_flush(rk, clamp_ms(deadline - SteadyClock::now()));
+    const auto flushed_at = SteadyClock::now();
     test_hold("before_commit", n);
     ErrorPtr failed;
     if (!fatal) {
@@ -943,23 +1052,9 @@ struct KafkaSinkImpl final : public KafkaSink {
     if (!fatal && !failed) {
       test_hold("after_commit", n);
       ++eos.committed;
-      std::vector<Outcome> outcomes;
-      outcomes.reserve(n);
-      {
-        std::lock_guard ledger_lock(ledger_mutex);
-        for (std::size_t i = 0; i < n; ++i) {
-          if (produced[i]) {
-            ledger.insert(events[i]->id);
-            outcomes.push_back(Outcome::delivered());
-          } else {
-            outcomes.push_back(results[i] ? std::move(*results[i]) : Outcome::retry("not produced"));
-          }
-        }
-        high_water = std::max(high_water, hw);
-      }
-      reachable = true;
-      log_batch("kafka", name(), outcomes);
-      return outcomes;
+      std::swap(producer, spare);  // the next transaction on the other id: no wait for this one's markers
+      log_committed(events, {started, produced_at, flushed_at, SteadyClock::now()});
+      return committed_outcomes(events, produced, hw);
     }
     if (fatal || !rd_kafka_error_txn_requires_abort(failed.get())) {
       // Fatal, or a commit whose outcome is in doubt: the takeover's mark says which.
@@ -976,21 +1071,8 @@ struct KafkaSinkImpl final : public KafkaSink {
       // takeover finds the topic again.
       return dropped_transaction(n, "the progress mark was not delivered: " + error_text(mark_report));
     }
-    // Aborted: nothing of it is visible. An event its delivery report called permanent is
-    // dead-lettered; the others retry.
-    std::vector<Outcome> outcomes;
-    outcomes.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (produced[i]) {
-        const bool permanent = results[i] && results[i]->kind == OutcomeKind::kPermanent;
-        outcomes.push_back(permanent ? std::move(*results[i]) : Outcome::retry("kafka transaction aborted: " + why));
-      } else {
-        outcomes.push_back(results[i] ? std::move(*results[i]) : Outcome::retry("kafka transaction aborted: " + why));
-      }
-    }
-    log::warn("kafka transaction aborted; its events retry", {{"sink", name()}, {"error", why}, {"events", n}});
-    log_batch("kafka", name(), outcomes);
-    return outcomes;
+    std::swap(producer, spare);
+    return aborted_outcomes(produced, why);
   }
 
   bool usable() const override {
