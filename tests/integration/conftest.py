@@ -244,8 +244,9 @@ def run_config(workdir: Path, config: dict, timeout=10) -> subprocess.CompletedP
                           timeout=timeout, env={"PATH": "/usr/bin:/bin"})
 
 
-@pytest.fixture
-def db(cluster):
+@contextlib.contextmanager
+def fresh_database(cluster):
+    """A new migrated database in the cluster, dropped afterwards."""
     name = "t_" + uuid.uuid4().hex[:10]
     with psycopg.connect(cluster.url, autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
@@ -256,6 +257,12 @@ def db(cluster):
         # The relay of a failed test may still be connected.
         conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
         conn.execute(f"DROP DATABASE IF EXISTS {name}")
+
+
+@pytest.fixture
+def db(cluster):
+    with fresh_database(cluster) as d:
+        yield d
 
 
 @pytest.fixture

@@ -23,9 +23,8 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-import psycopg
-from conftest import (Database, Writers, base_config, free_port, http_get, metric, pending, rows_by_id, run_config,
-                      unique, wait_until)
+from conftest import (Writers, base_config, free_port, fresh_database, http_get, metric, pending, rows_by_id,
+                      run_config, unique, wait_until)
 from kafka_fixtures import Message, check_order, kafka_broker, own_kafka_broker  # noqa: F401
 
 
@@ -359,15 +358,8 @@ def test_reload_rebuilds_the_sink_with_a_takeover_and_refuses_to_turn_it_off(db,
 @pytest.fixture
 def other_db(cluster):
     """A second migrated database in the cluster (the db fixture's twin)."""
-    name = "t_" + uuid.uuid4().hex[:10]
-    with psycopg.connect(cluster.url, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    other = Database(cluster, name)
-    other.migrate()
-    yield other
-    with psycopg.connect(cluster.url, autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
-        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+    with fresh_database(cluster) as other:
+        yield other
 
 
 def test_two_tables_under_one_transactional_id_lose_nothing(db, other_db, relays, kafka_broker):

@@ -492,6 +492,15 @@ struct KafkaSinkImpl final : public KafkaSink {
     return fatal;
   }
 
+  // A new batch of n events in flight: delivery reports of earlier ones are ignored from now on.
+  void open_batch(std::size_t n) {
+    ++generation;
+    batch_open = true;
+    results.assign(n, std::nullopt);
+    awaiting = 0;
+    mark_report = RD_KAFKA_RESP_ERR_NO_ERROR;
+  }
+
   std::vector<Outcome> publish(std::span<const Event* const> events) override {
     if (config.exactly_once) return publish_transaction(events);
     std::unique_lock lock(mutex);
@@ -501,10 +510,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     const auto started = SteadyClock::now();
     const auto deadline = started + config.delivery_timeout;
 
-    ++generation;
-    batch_open = true;
-    results.assign(n, std::nullopt);
-    awaiting = 0;
+    open_batch(n);
 
     // Per-key order within the batch. The whole batch is produced at once (one round trip, not
     // one per key), so events of one key travel together, and three rules keep them in order:
@@ -975,11 +981,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     rd_kafka_t* rk = producer->rk.get();
     const auto started = SteadyClock::now();
     const auto deadline = started + config.delivery_timeout;
-    ++generation;
-    batch_open = true;
-    results.assign(n, std::nullopt);
-    awaiting = 0;
-    mark_report = RD_KAFKA_RESP_ERR_NO_ERROR;
+    open_batch(n);
     std::size_t skipped = 0;
     {
       std::lock_guard ledger_lock(ledger_mutex);
