@@ -67,6 +67,16 @@ void Runner::rebalance_for_sinks() {
   take_over_sinks(gained);
 }
 
+bool Runner::takeover_pending_after_try(bool& drain_needed) {
+  // Until a takeover succeeds, nothing is claimed (each claim would only be handed back: an
+  // event must not pay an attempt, nor be dead-lettered, for the sink's trouble). After one
+  // (here or at a rebalance), a drain from the start: the batch the sink handed back when it
+  // failed lies below what the next poll would look above.
+  if (sinks_want_takeover()) rebalance_for_sinks();
+  if (std::exchange(took_over_, false)) drain_needed = true;
+  return sinks_want_takeover();
+}
+
 void Runner::note_poll(std::size_t claimed, Time started, Time previous) {
   constexpr double kWeight = 0.25;  // of the newest poll: a rate change shows within a few polls
   const double seconds = std::chrono::duration<double>(started - previous).count();
@@ -207,13 +217,7 @@ void Runner::session() {
       take_over_sinks(gained);
       next_rebalance_ = now + options_.rebalance_interval;
     }
-    // Until a takeover succeeds, nothing is claimed (each claim would only be handed back: an
-    // event must not pay an attempt, nor be dead-lettered, for the sink's trouble). After one
-    // (here or at the rebalance above), a drain from the start: the batch the sink handed back
-    // when it failed lies below what the next poll would look above.
-    if (sinks_want_takeover()) rebalance_for_sinks();
-    const bool takeover_pending = sinks_want_takeover();
-    if (std::exchange(took_over_, false)) drain_needed = true;
+    const bool takeover_pending = takeover_pending_after_try(drain_needed);
     // Polls are paced from the start of the previous one, so that an event waits at most about
     // one poll_interval for the poll that claims it, whatever that poll's own work took.
     if ((drain_needed || poll_due) && !takeover_pending) {

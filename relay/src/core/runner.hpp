@@ -94,6 +94,8 @@ class Runner {
   bool sinks_want_takeover() const;
   void take_over_sinks(bool gained);
   void rebalance_for_sinks();
+  // Tries a takeover a sink wants; sets drain_needed after one succeeded. Whether one is still wanted.
+  bool takeover_pending_after_try(bool& drain_needed);
   void maybe_rebalance();
   // The interval between polls while events flow: from poll_interval for a dense stream up to
   // light_poll_interval for a light one, by the event rate polls found lately.
