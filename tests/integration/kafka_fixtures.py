@@ -160,3 +160,13 @@ def own_kafka_broker():
     yield broker
     broker.stop()
     subprocess.call(["rm", "-rf", str(broker.dir.parent)])
+
+
+@pytest.fixture
+def strict_kafka_broker():
+    """A broker for one test that creates no topic on its own (auto.create.topics.enable=false): a
+    message to a missing topic fails with UNKNOWN_TOPIC_OR_PART until the test creates it."""
+    broker = _new_broker(["auto.create.topics.enable=false"])
+    yield broker
+    broker.stop()
+    subprocess.call(["rm", "-rf", str(broker.dir.parent)])

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from conftest import Writers, base_config, pending, rows_by_id, run_cli, unique, wait_until
-from kafka_fixtures import check_order, kafka_broker, own_kafka_broker, read_topic  # noqa: F401
+from kafka_fixtures import check_order, kafka_broker, own_kafka_broker, read_topic, strict_kafka_broker  # noqa: F401
 
 
 def kafka_sink(bootstrap, topic="outbox.{topic}", **extra):
@@ -207,3 +207,59 @@ def test_sigterm_while_the_broker_is_down_exits_0_within_the_bound_and_marks_not
     result = check_order(messages)
     assert result["ids"] == set(first) | set(second)
     print(f"\nSIGTERM during the outage: exit 0 after {took:.1f}s; {result['duplicates']} duplicates")
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["later-batches", "one-batch"])
+def test_a_failing_event_holds_its_key_later_events_and_no_other_key(db, relays, strict_kafka_broker, together):
+    """Issue 45: with batches pipelined through the kafka sink, one event fails again and again (its
+    topic does not exist and the broker creates none: UNKNOWN_TOPIC_OR_PART, retriable) while later
+    events of its key (to a topic that exists) and of other keys are claimed behind it. The key's
+    later events reach Kafka only after it (broker append times); other keys flow on.
+    later-batches: the key's later events are committed after it, so they are claimed into the next
+    batches, in the sink while it is (the pipeline's per-key wait). one-batch: committed with it, so
+    they are in its batch, bound for another topic (another partition, which Kafka does not order
+    against the first: the sink must not send them beside it)."""
+    broker = strict_kafka_broker
+    ok_topic, stuck_topic = unique("flow"), unique("stuck")
+    log_append = {"message.timestamp.type": "LogAppendTime"}
+    broker.create_topic("outbox." + ok_topic, partitions=3, config=log_append)
+    relay = relays(base_config(db, kafka_sink(broker.bootstrap, delivery_timeout="2s"), batch_size=100,
+                               max_attempts=1000, backoff={"initial": "200ms", "max": "1s"}))
+    relay.wait_log("ordering lanes rebalanced")
+
+    writers = Writers(db, count=2, per_writer=1500, keys=20, topic=ok_topic, batch=5, pause=0.01).start()
+    wait_until(lambda: db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL") >= 100,
+               timeout=60, message="the other keys flowing")
+    if together:
+        first, *later = db.insert([(stuck_topic, "held", {"n": 1})] + [(ok_topic, "held", {"n": n}) for n in range(2, 6)])
+    else:
+        [first] = db.insert([(stuck_topic, "held", {"n": 1})])
+        later = db.insert([(ok_topic, "held", {"n": n}) for n in range(2, 6)])
+    wait_until(lambda: db.scalar("SELECT attempts FROM outbox_events WHERE id = %s", (first,)) >= 2, timeout=60,
+               message="the first event of the key failed twice")
+    flowed = db.scalar("SELECT count(*) FROM outbox_events WHERE aggregate_id <> 'held' AND id > %s "
+                       "AND processed_at IS NOT NULL", (later[-1],))
+    held_early = [m for m in read_topic(broker.bootstrap, "outbox." + ok_topic) if m.key == "held"]
+    assert held_early == [], "a later event of the key reached Kafka while its first event was failing"
+    assert db.scalar("SELECT count(*) FROM outbox_events WHERE id = ANY(%s) AND processed_at IS NOT NULL",
+                     (later,)) == 0
+    assert flowed > 0, "other keys were held while one key's event failed"
+    last_error = db.scalar("SELECT last_error FROM outbox_events WHERE id = %s", (first,))
+    assert "UNKNOWN_TOPIC" in last_error, last_error
+
+    broker.create_topic("outbox." + stuck_topic, partitions=1, config=log_append)
+    writers.join()
+    wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows once the topic exists")
+    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+
+    stuck = read_topic(broker.bootstrap, "outbox." + stuck_topic)
+    flow = read_topic(broker.bootstrap, "outbox." + ok_topic)
+    assert [m.outbox_id for m in stuck] == [first]
+    held_later = sorted((m for m in flow if m.key == "held"), key=lambda m: m.offset)
+    assert [m.outbox_id for m in held_later] == later, "the key's later events, once each, in id order"
+    assert stuck[0].timestamp_ms <= held_later[0].timestamp_ms, "a later event of the key was appended first"
+    result = check_order(flow)
+    assert result["ids"] | {first} == set(rows_by_id(db))
+    attempts = db.scalar("SELECT attempts FROM outbox_events WHERE id = %s", (first,))
+    print(f"\nthe failing event took {attempts} attempts; {flowed} events of other keys delivered behind it "
+          f"meanwhile; {result['duplicates']} duplicates")

@@ -344,9 +344,7 @@ std::vector<EventId> PgStore::still_pending(std::span<const EventId> ids) {
   if (ids.empty()) return {};
   connect();
   auto& im = *impl_;
-  std::string literal = "{";
-  for (const EventId id : ids) literal += (literal.size() > 1 ? "," : "") + std::to_string(id);
-  literal += "}";
+  const std::string literal = int_array(ids.data(), ids.data() + ids.size());
   return im.on_worker("still-pending look", [&] {
     pqxx::work tx(*im.conn);
     // A deleted row (delete_on_success) or one delivered or dead-lettered is not pending.

@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -157,12 +158,21 @@ struct KafkaSinkImpl final : public KafkaSink {
   std::atomic<bool> reachable{false};
   std::atomic<std::uint64_t> replacements{0};
 
-  // The batch in flight.
+  // A batch in flight: produced, its delivery reports outstanding.
+  struct Batch {
+    std::uint32_t generation = 0;
+    std::vector<std::optional<Outcome>> results;
+    std::size_t awaiting = 0;                                      // produced events without a delivery report yet
+    rd_kafka_resp_err_t mark_report = RD_KAFKA_RESP_ERR_NO_ERROR;  // the progress mark's report, if it failed
+    SteadyClock::time_point started, produced, deadline;
+    // Set: nothing of this batch counts as delivered (a fatal error voided the producer's
+    // guarantees), or it never reached a producer; every event retries with this reason.
+    std::string voided;
+  };
+  // Oldest first. Exactly once and publish(): one at a time. Pipelined (at least once): up to the
+  // loop's window, two (submit(), collect()).
+  std::deque<Batch> batches;
   std::uint32_t generation = 0;
-  bool batch_open = false;
-  std::vector<std::optional<Outcome>> results;
-  std::size_t awaiting = 0;  // produced events of this batch without a delivery report yet
-  rd_kafka_resp_err_t mark_report = RD_KAFKA_RESP_ERR_NO_ERROR;  // the progress mark's report, if it failed
 
   // Exactly once (config.exactly_once). needs_takeover: no producer may publish until the runner's
   // take_over() made one and read the mark back; set at start and by a fatal error or a fence.
@@ -216,12 +226,16 @@ struct KafkaSinkImpl final : public KafkaSink {
     const auto tag = reinterpret_cast<std::uintptr_t>(message->_private);
     const auto tag_generation = static_cast<std::uint32_t>(tag >> 32);
     const auto index = static_cast<std::size_t>(tag & 0xffffffffu);
-    if (batch_open && tag_generation == generation && index == results.size()) {
-      mark_report = message->err;  // the progress mark (exactly once): index n of a batch of n
+    const auto batch =
+        std::find_if(batches.begin(), batches.end(), [&](const Batch& b) { return b.generation == tag_generation; });
+    if (batch == batches.end()) return;  // its batch was decided already
+    auto& results = batch->results;
+    if (index == results.size()) {
+      batch->mark_report = message->err;  // the progress mark (exactly once): index n of a batch of n
       return;
     }
-    if (!batch_open || tag_generation != generation || index >= results.size() || results[index]) return;
-    --awaiting;
+    if (index >= results.size() || results[index]) return;
+    --batch->awaiting;
     if (message->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
       results[index] = Outcome::delivered();
       reachable = true;
@@ -331,7 +345,26 @@ struct KafkaSinkImpl final : public KafkaSink {
     return true;
   }
 
+  // The batches in flight when their producer goes (at least once): a fatal error voids them
+  // whole (its guarantees are gone: nothing counts as delivered); otherwise the reports that came
+  // stand and the undecided events retry (the purge keeps their stale copies from going out
+  // behind the retry; a request already in flight may still land: a duplicate at worst).
+  void settle_for_replacement(const std::string& why) {
+    for (Batch& b : batches) {
+      if (!b.voided.empty()) continue;
+      if (!fatal_reason.empty()) {
+        b.voided = "fatal Kafka producer error, batch retried: " + fatal_reason;
+        continue;
+      }
+      for (auto& result : b.results) {
+        if (!result) result = Outcome::retry("the Kafka producer was replaced: " + why);
+      }
+      b.awaiting = 0;
+    }
+  }
+
   void replace_producer(const std::string& why) {
+    settle_for_replacement(why);
     producer.reset();  // purges and destroys: nothing of it is sent or reported after this
     producer_ok = false;
     reachable = false;
@@ -427,8 +460,8 @@ struct KafkaSinkImpl final : public KafkaSink {
 
   // Enqueues one event. On a full queue it serves delivery reports and tries again until the
   // deadline: events are never dropped. Returns librdkafka's error for this event.
-  rd_kafka_resp_err_t produce(std::size_t index, const Event& event, const std::string& topic,
-                              SteadyClock::time_point deadline) {
+  rd_kafka_resp_err_t produce(const Batch& batch, std::size_t index, const Event& event, const std::string& topic) {
+    const auto deadline = batch.deadline;
     rd_kafka_t* rk = producer->rk.get();
     rd_kafka_topic_t* rkt = topic_handle(topic);
     if (!rkt) return rd_kafka_last_error();
@@ -442,7 +475,7 @@ struct KafkaSinkImpl final : public KafkaSink {
           rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
           RD_KAFKA_V_KEY(event.key.data(), event.key.size()),
           RD_KAFKA_V_VALUE(const_cast<char*>(event.payload.data()), event.payload.size()),
-          RD_KAFKA_V_HEADERS(headers.get()), RD_KAFKA_V_OPAQUE(message_tag(generation, index)), RD_KAFKA_V_END);
+          RD_KAFKA_V_HEADERS(headers.get()), RD_KAFKA_V_OPAQUE(message_tag(batch.generation, index)), RD_KAFKA_V_END);
       if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
         static_cast<void>(headers.release());  // producev succeeded: librdkafka owns the headers now
         return err;
@@ -454,14 +487,16 @@ struct KafkaSinkImpl final : public KafkaSink {
   }
 
   // Produces every event of the batch without an outcome yet, holding a key after an event of it
-  // could not be enqueued (rule 2 in publish()). Marks produced[i] when given. Returns true on
+  // could not be enqueued (rule 2 in submit()). Marks produced[i] when given. Returns true on
   // a fatal producer error. Thread: under mutex, batch open.
-  bool produce_events(std::span<const Event* const> events, SteadyClock::time_point deadline,
-                      std::vector<bool>* produced) {
+  bool produce_events(Batch& batch, std::span<const Event* const> events, std::vector<bool>* produced) {
+    auto& results = batch.results;
     rd_kafka_t* rk = producer->rk.get();
     const std::size_t n = events.size();
     bool fatal = false;
     KeyHolds held;
+    // At least once: the Kafka topic of each key's first produced event (rule 4 in submit()).
+    std::unordered_map<std::string_view, std::string> topic_of_key;
     for (std::size_t i = 0; i < n && !fatal; ++i) {
       const Event& event = *events[i];
       if (results[i]) continue;  // decided before producing (exactly once: already in Kafka)
@@ -469,15 +504,24 @@ struct KafkaSinkImpl final : public KafkaSink {
         results[i] = Outcome::deferred();
         continue;
       }
-      const std::string topic = render_topic(config.topic, event.topic);
+      std::string topic = render_topic(config.topic, event.topic);
       if (!valid_kafka_topic_name(topic)) {
         results[i] = Outcome::permanent("invalid Kafka topic name '" + topic + "' from topic template '" +
                                         config.topic + "' (1 to 249 of letters, digits, '.', '_', '-')");
         continue;
       }
-      const rd_kafka_resp_err_t err = produce(i, event, topic, deadline);
+      if (!config.exactly_once) {
+        const auto [first, inserted] = topic_of_key.try_emplace(event.key, topic);
+        if (!inserted && first->second != topic) {
+          results[i] = Outcome::deferred("an earlier event of its key goes to topic " + first->second +
+                                         " in this batch; sent once that one is acknowledged");
+          held.hold(event.key, event.id);
+          continue;
+        }
+      }
+      const rd_kafka_resp_err_t err = produce(batch, i, event, topic);
       if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-        ++awaiting;
+        ++batch.awaiting;
         if (produced) (*produced)[i] = true;
       } else if (err == RD_KAFKA_RESP_ERR__FATAL || check_fatal(rk)) {
         fatal = true;
@@ -492,26 +536,42 @@ struct KafkaSinkImpl final : public KafkaSink {
     return fatal;
   }
 
-  // A new batch of n events in flight: delivery reports of earlier ones are ignored from now on.
-  void open_batch(std::size_t n) {
-    ++generation;
-    batch_open = true;
-    results.assign(n, std::nullopt);
-    awaiting = 0;
-    mark_report = RD_KAFKA_RESP_ERR_NO_ERROR;
+  // A new batch of n events in flight (the newest): the reports of batches closed before it are
+  // ignored from now on.
+  Batch& open_batch(std::size_t n) {
+    Batch& batch = batches.emplace_back();
+    batch.generation = ++generation;
+    batch.results.assign(n, std::nullopt);
+    batch.started = SteadyClock::now();
+    batch.produced = batch.started;
+    batch.deadline = batch.started + config.delivery_timeout;
+    return batch;
   }
+  // The oldest batch, decided: its late reports are ignored from now on.
+  Batch close_batch() {
+    Batch batch = std::move(batches.front());
+    batches.pop_front();
+    return batch;
+  }
+
+  // At least once: submit() produces a batch and returns; collect() waits for the oldest batch's
+  // reports. publish() is the two at once. Pipelined (the loop's window: two batches) only
+  // without exactly_once, whose transactions take one batch at a time.
+  bool pipelined() const override { return !config.exactly_once; }
 
   std::vector<Outcome> publish(std::span<const Event* const> events) override {
     if (config.exactly_once) return publish_transaction(events);
+    submit(events);
+    return collect();
+  }
+
+  void submit(std::span<const Event* const> events) override {
     std::unique_lock lock(mutex);
-    const std::size_t n = events.size();
-    if (!ensure_producer()) return std::vector<Outcome>(n, Outcome::retry("no Kafka producer: " + producer_error));
-    rd_kafka_t* rk = producer->rk.get();
-    const auto started = SteadyClock::now();
-    const auto deadline = started + config.delivery_timeout;
-
-    open_batch(n);
-
+    Batch& batch = open_batch(events.size());
+    if (!ensure_producer()) {
+      batch.voided = "no Kafka producer: " + producer_error;
+      return;
+    }
     // Per-key order within the batch. The whole batch is produced at once (one round trip, not
     // one per key), so events of one key travel together, and three rules keep them in order:
     //  1. The idempotent producer writes a partition's messages in produce order, retrying
@@ -530,47 +590,74 @@ struct KafkaSinkImpl final : public KafkaSink {
     //     the same key into kRetry. Its row is then re-sent after the earlier one succeeds: a
     //     duplicate in Kafka, never an outbox row marked done ahead of an earlier event of its
     //     key.
+    //  4. Rule 1 orders one partition. A key's events bound for two topics (the topic template's
+    //     {topic}) land in two partitions, which Kafka does not order against each other: an event
+    //     for the second topic could be appended while an earlier one for the first is still being
+    //     retried, or fail. So the events of a key in a batch go to one topic only, the topic of its
+    //     first event; from its first event for another topic on, the key's events are deferred
+    //     (released unsent, claimed again once the earlier ones are acknowledged): one topic change
+    //     per key and batch. (Exactly once needs no such rule: a transaction is visible whole or not
+    //     at all.)
     // Not producing later events of a key until the earlier one is acknowledged would serialise
     // every key to one round trip per event; rules 1-3 give the same outbox-side guarantee.
-    bool fatal = produce_events(events, deadline, nullptr);
+    // Across batches (pipelined): the loop never submits an event while an earlier event of its key
+    // is in a batch not collected yet (docs/design.md, "Pipelined sinks"), so rules 1-3 are about
+    // one batch; a batch's failure never holds the next batch's keys here. A fatal error voids
+    // every batch in flight when the producer is replaced (settle_for_replacement()).
+    produce_events(batch, events, nullptr);
+    batch.produced = SteadyClock::now();
+  }
 
-    // rd_kafka_flush() sends at once (ignoring linger.ms) and serves delivery reports until
-    // nothing is outstanding. Only this batch can be outstanding: an earlier batch either got
-    // all its reports or had its producer replaced.
-    const auto produced = SteadyClock::now();
-    if (!fatal && awaiting > 0) {
-      rd_kafka_flush(rk, clamp_ms(deadline - SteadyClock::now()));
-      // Reports queued between flush's last poll and its return.
-      rd_kafka_poll(rk, 0);
+  // Serves delivery reports until the oldest batch has them all, its deadline passes or the
+  // producer fails. rd_kafka_flush() sends at once (ignoring linger.ms) and serves reports until
+  // nothing is outstanding: used when the oldest batch is the only one, as publish() has it; with a
+  // newer batch behind it, polls instead (a flush would wait for the newer one too).
+  void await_reports(Batch& batch) {
+    rd_kafka_t* rk = producer->rk.get();
+    if (batches.size() == 1) {
+      rd_kafka_flush(rk, clamp_ms(batch.deadline - SteadyClock::now()));
+      rd_kafka_poll(rk, 0);  // reports queued between flush's last poll and its return
+      return;
     }
-    fatal = fatal || check_fatal(rk);
-    batch_open = false;
+    while (batch.awaiting > 0 && SteadyClock::now() < batch.deadline && !check_fatal(rk)) {
+      rd_kafka_poll(rk, clamp_ms(batch.deadline - SteadyClock::now()));
+    }
+  }
 
-    std::vector<Outcome> outcomes;
-    outcomes.reserve(n);
-    std::string replace_reason;
-    if (fatal) {
-      // A fatal error voids the producer's guarantees: count nothing of this batch as delivered,
-      // even events with a successful report (re-sending them is a duplicate, never a loss).
-      outcomes.assign(n, Outcome::retry("fatal Kafka producer error, batch retried: " + fatal_reason));
-      replace_reason = "fatal error: " + fatal_reason;
-    } else {
+  std::vector<Outcome> collect() override {
+    std::unique_lock lock(mutex);
+    if (batches.empty()) return {};
+    Batch& oldest = batches.front();
+    const std::size_t n = oldest.results.size();
+    if (oldest.voided.empty() && oldest.awaiting > 0 && producer) await_reports(oldest);
+    if (producer && check_fatal(producer->rk.get())) {
+      replace_producer("fatal error: " + fatal_reason);
+    } else if (oldest.voided.empty() && oldest.awaiting > 0) {
+      reachable = false;
       const std::string late =
           "no delivery report within delivery_timeout " + config::format_duration(config.delivery_timeout);
-      for (auto& result : results) outcomes.push_back(result ? std::move(*result) : Outcome::retry(late));
-      if (awaiting > 0) {
-        replace_reason = std::to_string(awaiting) + " of " + std::to_string(n) +
-                         " events had no delivery report within delivery_timeout";
-        reachable = false;
+      const std::string why = std::to_string(oldest.awaiting) + " of " + std::to_string(n) + " events had " + late;
+      for (auto& result : oldest.results) {
+        if (!result) result = Outcome::retry(late);
       }
+      oldest.awaiting = 0;
+      replace_producer(why);  // the undecided events of a newer batch retry too
+    }
+    Batch batch = close_batch();
+    std::vector<Outcome> outcomes;
+    outcomes.reserve(n);
+    if (!batch.voided.empty()) {
+      outcomes.assign(n, Outcome::retry(batch.voided));
+    } else {
+      for (auto& result : batch.results)
+        outcomes.push_back(result ? std::move(*result) : Outcome::retry("not produced"));
     }
     log_batch("kafka", name(), outcomes);
     log::debug("kafka batch published",
                {{"sink", name()},
                 {"events", n},
-                {"produce_ms", std::chrono::duration<double, std::milli>(produced - started).count()},
-                {"acks_ms", std::chrono::duration<double, std::milli>(SteadyClock::now() - produced).count()}});
-    if (!replace_reason.empty()) replace_producer(replace_reason);
+                {"produce_ms", std::chrono::duration<double, std::milli>(batch.produced - batch.started).count()},
+                {"acks_ms", std::chrono::duration<double, std::milli>(SteadyClock::now() - batch.produced).count()}});
     return outcomes;
   }
 
@@ -935,8 +1022,9 @@ struct KafkaSinkImpl final : public KafkaSink {
 
   // The outcomes of a committed transaction: its produced events are in Kafka (and in the ledger
   // from now on). Thread: under mutex.
-  std::vector<Outcome> committed_outcomes(std::span<const Event* const> events, const std::vector<bool>& produced,
-                                          EventId hw) {
+  std::vector<Outcome> committed_outcomes(std::span<const Event* const> events, Batch batch,
+                                          const std::vector<bool>& produced, EventId hw) {
+    auto& results = batch.results;
     std::vector<Outcome> outcomes;
     outcomes.reserve(events.size());
     {
@@ -958,7 +1046,8 @@ struct KafkaSinkImpl final : public KafkaSink {
 
   // Aborted: nothing of the transaction is visible. An event its delivery report called permanent
   // is dead-lettered; the others retry. Thread: under mutex.
-  std::vector<Outcome> aborted_outcomes(const std::vector<bool>& produced, const std::string& why) {
+  std::vector<Outcome> aborted_outcomes(Batch batch, const std::vector<bool>& produced, const std::string& why) {
+    auto& results = batch.results;
     std::vector<Outcome> outcomes;
     outcomes.reserve(results.size());
     for (std::size_t i = 0; i < results.size(); ++i) {
@@ -979,30 +1068,30 @@ struct KafkaSinkImpl final : public KafkaSink {
       return std::vector<Outcome>(n, Outcome::deferred("kafka exactly once: waiting for the takeover of the lanes"));
     }
     rd_kafka_t* rk = producer->rk.get();
-    const auto started = SteadyClock::now();
-    const auto deadline = started + config.delivery_timeout;
-    open_batch(n);
+    Batch& batch = open_batch(n);
+    const auto started = batch.started;
+    const auto deadline = batch.deadline;
     std::size_t skipped = 0;
     {
       std::lock_guard ledger_lock(ledger_mutex);
       for (std::size_t i = 0; i < n; ++i) {
         if (ledger.count(events[i]->id) > 0) {
-          results[i] = Outcome::delivered();  // committed in an earlier transaction, not yet marked
+          batch.results[i] = Outcome::delivered();  // committed in an earlier transaction, not yet marked
           ++skipped;
         }
       }
     }
     eos.already_committed += skipped;
     if (skipped == n) {
-      batch_open = false;
+      close_batch();
       return std::vector<Outcome>(n, Outcome::delivered());
     }
     if (ErrorPtr failed(rd_kafka_begin_transaction(rk)); failed) {
-      batch_open = false;
+      close_batch();
       return failed_transaction(n, "begin_transaction", failed.get());
     }
     std::vector<bool> produced(n, false);
-    bool fatal = produce_events(events, deadline, &produced);
+    bool fatal = produce_events(batch, events, &produced);
     std::vector<EventId> mark_ids;
     EventId hw = 0;
     {
@@ -1023,11 +1112,12 @@ struct KafkaSinkImpl final : public KafkaSink {
       do {
         // A full queue (the events just produced fill it): serve delivery reports and try again.
         if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) rd_kafka_poll(rk, 10);
-        err = rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(progress_topic.c_str()), RD_KAFKA_V_PARTITION(kGroupPartition),
-                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                RD_KAFKA_V_KEY(kGroupKey, std::char_traits<char>::length(kGroupKey)),
-                                RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
-                                RD_KAFKA_V_OPAQUE(message_tag(generation, n)), RD_KAFKA_V_END);  // n: not an event
+        err =
+            rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(progress_topic.c_str()), RD_KAFKA_V_PARTITION(kGroupPartition),
+                              RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                              RD_KAFKA_V_KEY(kGroupKey, std::char_traits<char>::length(kGroupKey)),
+                              RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
+                              RD_KAFKA_V_OPAQUE(message_tag(batch.generation, n)), RD_KAFKA_V_END);  // n: not an event
       } while (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && SteadyClock::now() < deadline);
       fatal = err != RD_KAFKA_RESP_ERR_NO_ERROR;
       if (fatal) {
@@ -1050,13 +1140,13 @@ struct KafkaSinkImpl final : public KafkaSink {
         if (!failed || !rd_kafka_error_is_retriable(failed.get()) || tries >= 3) break;
       }
     }
-    batch_open = false;
+    Batch closed = close_batch();  // its late reports are ignored from now on
     if (!fatal && !failed) {
       test_hold("after_commit", n);
       ++eos.committed;
       std::swap(producer, spare);  // the next transaction on the other id: no wait for this one's markers
       log_committed(events, {started, produced_at, flushed_at, SteadyClock::now()});
-      return committed_outcomes(events, produced, hw);
+      return committed_outcomes(events, std::move(closed), produced, hw);
     }
     if (fatal || !rd_kafka_error_txn_requires_abort(failed.get())) {
       // Fatal, or a commit whose outcome is in doubt: the takeover's mark says which.
@@ -1068,13 +1158,13 @@ struct KafkaSinkImpl final : public KafkaSink {
       return failed_transaction(n, "abort_transaction", abort_failed.get());
     }
     ++eos.aborted;
-    if (mark_report != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    if (closed.mark_report != RD_KAFKA_RESP_ERR_NO_ERROR) {
       // Not the events' fault (the progress topic deleted, not writable): the sink's, until a
       // takeover finds the topic again.
-      return dropped_transaction(n, "the progress mark was not delivered: " + error_text(mark_report));
+      return dropped_transaction(n, "the progress mark was not delivered: " + error_text(closed.mark_report));
     }
     std::swap(producer, spare);
-    return aborted_outcomes(produced, why);
+    return aborted_outcomes(std::move(closed), produced, why);
   }
 
   bool usable() const override {

@@ -525,6 +525,113 @@ TEST_SUITE("kafka-mock") {
     check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 4), keys);
   }
 
+  TEST_CASE("kafka mock: pipelined, two batches in flight are collected in order, each with its own outcomes") {
+    QuietLogs quiet;
+    MockCluster cluster(3);
+    cluster.create_topic("outbox.orders", 4);
+    const auto sink = make_kafka_sink("kafka", sink_config(cluster, milliseconds{5000}));
+    REQUIRE(sink->pipelined());
+    std::vector<Event> first, second;
+    for (int i = 1; i <= 300; ++i) first.push_back(event(i, "a-" + std::to_string(i % 7)));
+    for (int i = 301; i <= 500; ++i) second.push_back(event(i, "b-" + std::to_string(i % 5)));
+    second[17].topic = "bad topic";  // a permanent outcome in the second batch, at its own index
+    sink->submit(pointers(first));
+    sink->submit(pointers(second));
+    const auto a = sink->collect();
+    const auto b = sink->collect();
+    CHECK(sink->collect().empty());
+    REQUIRE(a.size() == 300);
+    REQUIRE(b.size() == 200);
+    for (const auto& o : a) CHECK(o.kind == OutcomeKind::kDelivered);
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      CAPTURE(i);
+      CHECK(b[i].kind == (i == 17 ? OutcomeKind::kPermanent : OutcomeKind::kDelivered));
+    }
+    std::map<EventId, std::string> keys;
+    for (const auto* batch : {&first, &second}) {
+      for (const auto& e : *batch) {
+        if (e.id != 318) keys[e.id] = e.key;
+      }
+    }
+    CHECK(check_topic(read_topic(cluster.bootstraps(), "outbox.orders", 4), keys) == 0);
+    CHECK(sink->producer_replacements() == 0);
+  }
+
+  TEST_CASE(
+      "kafka mock: a key's events go to one topic per batch; from its first event for another topic on, "
+      "the key waits") {
+    QuietLogs quiet;
+    MockCluster cluster(1);
+    cluster.create_topic("outbox.orders", 2);
+    cluster.create_topic("outbox.payments", 2);
+    const auto sink = make_kafka_sink("kafka", sink_config(cluster, milliseconds{5000}));
+    std::vector<Event> events{event(1, "a"), event(2, "b"), event(3, "a", "{}", "payments"),
+                              event(4, "b"), event(5, "a"), event(6, "c", "{}", "payments")};
+    const auto outcomes = sink->publish(pointers(events));
+    REQUIRE(outcomes.size() == 6);
+    const std::vector<OutcomeKind> expected{OutcomeKind::kDelivered, OutcomeKind::kDelivered, OutcomeKind::kDeferred,
+                                            OutcomeKind::kDelivered, OutcomeKind::kDeferred,  OutcomeKind::kDelivered};
+    for (std::size_t i = 0; i < 6; ++i) {
+      CAPTURE(i);
+      CHECK(outcomes[i].kind == expected[i]);
+    }
+    CHECK(outcomes[2].reason.find("goes to topic outbox.orders") != std::string::npos);
+  }
+
+  TEST_CASE("kafka mock: pipelined, a fatal error voids both batches in flight and replaces the producer once") {
+    QuietLogs quiet;
+    MockCluster cluster(3);
+    cluster.create_topic("outbox.orders", 4);
+    const auto sink = make_kafka_sink("kafka", sink_config(cluster, milliseconds{5000}));
+    std::vector<Event> first, second;
+    for (int i = 1; i <= 100; ++i) first.push_back(event(i, "a-" + std::to_string(i % 7)));
+    for (int i = 101; i <= 200; ++i) second.push_back(event(i, "b-" + std::to_string(i % 7)));
+    cluster.push_produce_errors({RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER});
+    sink->submit(pointers(first));
+    sink->submit(pointers(second));
+    const auto started = SteadyClock::now();
+    for (const auto& outcomes : {sink->collect(), sink->collect()}) {
+      REQUIRE(outcomes.size() == 100);
+      for (const auto& o : outcomes) {
+        CHECK(o.kind == OutcomeKind::kRetry);
+        CHECK(o.reason.find("fatal Kafka producer error") == 0);
+      }
+    }
+    CHECK(SteadyClock::now() - started < seconds{4});  // no wait for a deadline
+    CHECK(sink->producer_replacements() == 1);
+    const auto retried = sink->publish(pointers(first));
+    for (const auto& o : retried) CHECK(o.kind == OutcomeKind::kDelivered);
+  }
+
+  TEST_CASE("kafka mock: pipelined, brokers down: the first batch's deadline retries both, one replacement") {
+    QuietLogs quiet;
+    MockCluster cluster(3);
+    cluster.create_topic("outbox.orders", 4);
+    const auto sink = make_kafka_sink("kafka", sink_config(cluster, milliseconds{1500}));
+    std::vector<Event> warm{event(1, "w")};
+    REQUIRE(sink->publish(pointers(warm))[0].kind == OutcomeKind::kDelivered);
+    cluster.all_brokers(false);
+    std::vector<Event> first, second;
+    for (int i = 2; i <= 50; ++i) first.push_back(event(i, "a-" + std::to_string(i % 7)));
+    for (int i = 51; i <= 100; ++i) second.push_back(event(i, "b-" + std::to_string(i % 7)));
+    sink->submit(pointers(first));
+    sink->submit(pointers(second));
+    const auto a = sink->collect();
+    const auto after_first = SteadyClock::now();
+    const auto b = sink->collect();
+    CHECK(SteadyClock::now() - after_first < milliseconds{500});  // settled by the replacement, not its own deadline
+    for (const auto& o : a) {
+      CHECK(o.kind == OutcomeKind::kRetry);
+      CHECK(o.reason.find("no delivery report within delivery_timeout") == 0);
+    }
+    for (const auto& o : b) {
+      CHECK(o.kind == OutcomeKind::kRetry);
+      CHECK(o.reason.find("the Kafka producer was replaced") == 0);
+    }
+    CHECK(sink->producer_replacements() == 1);
+    cluster.all_brokers(true);
+  }
+
   TEST_CASE("kafka mock: a message over message.max.bytes is permanent at once; its key and others flow") {
     QuietLogs quiet;
     MockCluster cluster(1);
