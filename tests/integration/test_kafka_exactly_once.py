@@ -408,3 +408,29 @@ def test_a_standby_relay_is_ready(db, relays, kafka_broker):
     for port in ports:
         wait_until(lambda: http_get(port, "/readyz")[0] == 200, timeout=30, message=f"/readyz 200 on {port}")
     assert sum(publishing(r) for r in pair) == 1
+
+
+def test_relays_that_divide_the_lanes_differently_are_named(db, relays, kafka_broker, workdir):
+    """Issue 44: a relay with exactly_once (one lane group) beside one without (lanes by index) on
+    one table leaves lanes without an owner. Neither can fix it alone: both say so, in the log
+    (an error, once) and on /readyz, and both are ready again once the odd one stops."""
+    row_topic = unique("eos-mixed")
+    kafka_broker.create_topic("outbox." + row_topic, partitions=2)
+    ports = [free_port(), free_port()]
+    eos = relays({**relay_config(db, kafka_broker, "outbox.{topic}"),
+                  "http": {"enabled": True, "listen": f"127.0.0.1:{ports[0]}"}})
+    wait_until(lambda: publishing(eos), timeout=60, message="the exactly-once relay took the lanes over")
+    plain = relays({**base_config(db, [{"name": "audit", "type": "file", "path": str(workdir / "mixed.jsonl")}]),
+                    "http": {"enabled": True, "listen": f"127.0.0.1:{ports[1]}"}})
+    said = "the relays of this table divide its lanes in different ways"
+    for relay, port in ((eos, ports[0]), (plain, ports[1])):
+        wait_until(lambda: any(l.get("msg", "").startswith(said) for l in relay.logs()), timeout=30,
+                   message="the disagreement logged")
+        status, body = http_get(port, "/readyz")
+        assert status == 503 and said in body, (status, body)
+    errors = [l for l in eos.logs() if l.get("msg", "").startswith(said)]
+    assert len(errors) == 1 and errors[0]["level"] == "error" and errors[0]["lane_groups_held"] == "0, 1", errors
+    plain.stop()
+    wait_until(lambda: any(l.get("msg", "").startswith("the relays of this table divide its lanes the same way")
+                           for l in eos.logs()), timeout=30, message="agreement logged once the odd relay stopped")
+    wait_until(lambda: http_get(ports[0], "/readyz")[0] == 200, timeout=30, message="/readyz 200 again")

@@ -20,6 +20,10 @@ struct Health {
   // relay cannot tell which ids may still be drawn (schema/010): it applies no reading of the
   // writers, says so on /readyz and in outbox_relay_sequence_cache.
   std::atomic<long long> sequence_cache{0};
+  // The relays of this table (as the last rebalance saw them) divide its lanes in different ways:
+  // some with lane groups (a kafka sink with exactly_once), some without. Lanes may then have no
+  // owner: every relay of a table needs the same setting (docs/sinks.md, "Exactly once").
+  std::atomic<bool> lane_groups_disagree{false};
 };
 
 }  // namespace outbox

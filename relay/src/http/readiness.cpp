@@ -35,6 +35,11 @@ Readiness evaluate_readiness(const Health& health, const std::vector<const Sink*
     r.reasons.push_back("the id sequence caches " + std::to_string(cache) +
                         " ids per session: events wait for every lower id (ALTER SEQUENCE ... CACHE 1 fixes it)");
   }
+  if (health.lane_groups_disagree.load()) {
+    r.reasons.emplace_back(
+        "the relays of this table divide its lanes in different ways (exactly_once on some kafka sinks only): "
+        "lanes may have no owner; give every relay of the table the same setting");
+  }
   if (!health.listener_up.load())
     r.reasons.push_back(session_down("LISTEN session down", health.listener_error.load()));
   for (const Sink* sink : sinks) {

@@ -35,6 +35,26 @@ std::vector<int> incomplete_group_lanes(const std::set<int>& owned, const std::v
   return partial;
 }
 
+void PgStore::Impl::lane_groups_seen(const std::set<long long>& held) {
+  std::string seen;
+  for (const long long g : held) seen += (seen.empty() ? "" : ", ") + std::to_string(g);
+  const bool disagree = held.size() > 1;
+  if (opt.health) opt.health->lane_groups_disagree = disagree;
+  if (seen == groups_seen) return;
+  if (disagree) {
+    // Relays with lane groups give whole groups to one member, the others single lanes by index:
+    // lanes may have no owner, their events wait. Not something a relay can settle by itself.
+    log::error(
+        "the relays of this table divide its lanes in different ways: some have a kafka sink with exactly_once "
+        "(lane groups), some not; some lanes may have no owner and their events wait. Give every relay of the "
+        "table the same exactly_once setting (stop them all to switch)",
+        {{"lane_groups_held", seen}, {"this_relay", opt.lane_groups}});
+  } else if (groups_seen.find(',') != std::string::npos) {
+    log::info("the relays of this table divide its lanes the same way again", {{"lane_groups", seen}});
+  }
+  groups_seen = seen;
+}
+
 bool PgStore::rebalance() {
   connect();
   auto& im = *impl_;
@@ -42,18 +62,27 @@ bool PgStore::rebalance() {
     // A scope of its own: its transaction ends before find_claim_function() opens one.
     const bool gained_any = [&] {
       pqxx::nontransaction tx(*im.conn);
-      const auto members = tx.exec_params(
-          "SELECT objid::int8 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted "
-          "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-          "AND classid::int8 = $1 ORDER BY objid",
-          im.member_ns);
-      int index = -1;
-      for (std::size_t i = 0; i < members.size(); ++i) {
-        if (members[i][0].as<long long>() == im.member_id) index = static_cast<int>(i);
+      const auto locks = tx.exec_params(R"(
+        SELECT classid::int8 = $1 AS member, objid::int8 FROM pg_locks
+         WHERE locktype = 'advisory' AND objsubid = 2 AND granted
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND classid::int8 IN ($1, $2)
+         ORDER BY objid)",
+                                        im.member_ns, im.groups_ns);
+      int index = -1, n = 0;
+      std::set<long long> groups_held;
+      for (const auto& row : locks) {
+        const long long objid = row[1].as<long long>();
+        if (!row[0].as<bool>()) {
+          groups_held.insert(objid);
+          continue;
+        }
+        if (objid == im.member_id) index = n;
+        ++n;
       }
       if (index < 0) throw StoreUnavailable("this instance's membership lock is gone");
-      const int n = static_cast<int>(members.size());
       const int groups = im.opt.lane_groups;
+      im.lane_groups_seen(groups_held);
       const std::set<int> target = lane_targets(index, n, groups);
 
       std::vector<int> release, wanted;

@@ -183,6 +183,7 @@ void PgStore::connect() {
           // name in two schemas do not count each other as members nor take each other's lanes.
           impl_->member_ns = advisory_key("outbox-relay:members:" + impl_->names.lock_key);
           impl_->lane_ns = advisory_key("outbox-relay:lanes:" + impl_->names.lock_key);
+          impl_->groups_ns = advisory_key("outbox-relay:lane-groups:" + impl_->names.lock_key);
         }
         auto conn = open_session(impl_->opt.url, "worker");
         impl_->check_own_backend(*conn);  // before any lock or prepared statement
@@ -219,6 +220,8 @@ void PgStore::connect() {
           }
           if (tries > 100) throw StoreUnavailable("could not take a membership lock");
         }
+        // How this member divides the lanes, for its peers to compare (rebalance()).
+        tx.exec_params("SELECT pg_advisory_lock_shared($1, $2)", impl_->groups_ns, impl_->opt.lane_groups);
         impl_->conn = std::move(conn);
         impl_->set_owned({});
       },

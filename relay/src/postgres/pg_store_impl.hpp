@@ -57,6 +57,8 @@ struct PgStore::Impl {
   std::atomic<bool> failed{false};
   int member_ns = 0;
   int lane_ns = 0;
+  int groups_ns = 0;        // each member also holds (groups_ns, its lane groups) shared: peers see the mix
+  std::string groups_seen;  // the lane groups of the members at the last rebalance, as logged
   int member_id = 0;
   std::set<int> owned;
   std::atomic<int> owned_count{0};
@@ -91,6 +93,9 @@ struct PgStore::Impl {
   void write_outcomes_one_by_one(pqxx::nontransaction& tx, std::span<const Completion> completions);
   // A reading's (or a connect's) look at the id sequence's CACHE: health, metric and error log.
   void sequence_cache_seen(long long cache, std::chrono::steady_clock::time_point now);
+  // A rebalance's look at the lane groups its peers hold (health, and an error log when they
+  // start to disagree).
+  void lane_groups_seen(const std::set<long long>& held);
   // At connect and at each rebalance, so that a change is said (and cleared) while the relay is
   // idle too, not only when a reading finds a gap (schema/010).
   void look_at_sequence_cache(pqxx::transaction_base& tx) {
