@@ -220,8 +220,9 @@ def test_two_relays_behind_a_session_pooler_deliver_every_event_once_in_key_orde
     assert lines_a and lines_b, "both relays took part"
     assert_per_key_order(lines_a)
     assert_per_key_order(lines_b)
-    # Two members, 64 lanes: exactly 2 + 64 advisory locks, none piled up.
-    assert advisory_locks(db) == 66
+    # Two members, each with its lane-groups lock, and 64 lanes: exactly 2 + 2 + 64 advisory
+    # locks, none piled up.
+    assert advisory_locks(db) == 68
     assert not any(l["level"] in ("warn", "error") for l in a.logs() + b.logs()), \
         [l for l in a.logs() + b.logs() if l["level"] in ("warn", "error")][:3]
     assert a.stop() == 0 and b.stop() == 0

@@ -302,6 +302,10 @@ struct KafkaSinkImpl final : public KafkaSink {
       // (1, 4, 5), which could let a later event of a key land while an earlier one is retried.
       // The batch deadline is ours (delivery_timeout); when it passes the producer is replaced.
       set("message.timeout.ms", "0", here);
+      // Pipelined, a batch queued behind another is not flushed (collect() polls): it waits out
+      // linger.ms before it is sent (librdkafka's default 5 ms, measured: 7.5 ms per batch in the
+      // sink against 3.0 with a flush). A whole batch is produced within it anyway.
+      if (!user_sets("linger.ms") && !user_sets("queue.buffering.max.ms")) set("linger.ms", "1", here);
     }
     if (!user_sets("acks") && !user_sets("request.required.acks")) set("acks", "all", here);
     if (!user_sets("partitioner")) set("partitioner", "murmur2_random", here);
