@@ -372,7 +372,7 @@ STATEMENT_KINDS = [
     ("complete", re.compile(r"execute complete")),
     ("begin", re.compile(r"statement: BEGIN")),
     ("commit", re.compile(r"statement: COMMIT")),
-    ("rebalance", re.compile(r"pg_locks WHERE locktype = 'advisory' AND objsubid = 2|pg_try_advisory_lock")),
+    ("rebalance", re.compile(r"AS member, objid::int8 FROM pg_locks|pg_try_advisory_lock")),
 ]
 
 
