@@ -35,6 +35,8 @@ class KeyedDispatch {
   void finish(std::size_t index, bool hold_key);
 
   std::size_t in_flight() const { return in_flight_; }
+  // Whether next() would hand out an event now.
+  bool ready() const { return !ready_.empty(); }
 
   struct Unsent {
     std::size_t index;

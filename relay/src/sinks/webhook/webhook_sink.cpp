@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -70,6 +71,8 @@ std::string_view trim_line(std::string_view text) {
 
 namespace webhook {
 
+struct Submission;
+
 // One reusable request slot: an easy handle and what its current transfer needs and collects.
 // Slots never move (held by unique_ptr) because curl keeps pointers to them.
 struct Transfer {
@@ -78,8 +81,9 @@ struct Transfer {
   std::string body;         // the first kMaxBodyExcerpt bytes of the response
   std::string retry_after;  // Retry-After of the final response, if any
   std::array<char, CURL_ERROR_SIZE> error{};
-  std::size_t index = 0;  // the event's index in the batch
-  bool attached = false;  // added to the multi handle
+  Submission* owner = nullptr;  // while attached: the submission whose event it carries
+  std::size_t index = 0;        // the event's index in that submission
+  bool attached = false;        // added to the multi handle
 
   static std::size_t on_body(char* data, std::size_t size, std::size_t count, void* self) {
     auto* t = static_cast<Transfer*>(self);
@@ -111,8 +115,49 @@ struct Transfer {
   }
 };
 
+// One submit()'s events and what became of them, until collect() hands them back. Its requests
+// share the sink's slots with the other submissions outstanding (at most two: the loop's window).
+struct Submission {
+  Submission(std::span<const Event* const> batch, Steady::time_point now, std::chrono::milliseconds timeout)
+      : events(batch), plan(batch), results(batch.size()), started(now), deadline(now + timeout) {}
+  Submission(const Submission&) = delete;  // its transfers point to it
+  Submission& operator=(const Submission&) = delete;
+
+  std::span<const Event* const> events;  // borrowed: the loop keeps them until collect() returns
+  KeyedDispatch plan;                    // which of its events may start now (per-key order)
+  std::vector<std::optional<Outcome>> results;
+  Steady::time_point started;
+  Steady::time_point deadline;  // none of its requests starts after this
+  std::size_t running = 0;      // its requests attached to the multi handle
+  long new_connections = 0;
+  std::string stopped;  // why none of its requests starts any more (curl itself failed), or empty
+
+  void record(std::size_t index, Outcome outcome) {
+    plan.finish(index, outcome.kind == OutcomeKind::kRetry);
+    results[index] = std::move(outcome);
+  }
+
+  // One outcome per event, once nothing of it runs: events never started are deferred (released).
+  std::vector<Outcome> outcomes() {
+    for (const auto& unsent : plan.unsent()) {
+      std::string why = unsent.blocked     ? "blocked by an earlier event of the same key"
+                        : !stopped.empty() ? "not sent: " + stopped
+                                           : "not sent: the batch reached the sink timeout";
+      results[unsent.index] = Outcome{OutcomeKind::kDeferred, std::move(why), std::nullopt};
+    }
+    std::vector<Outcome> out;
+    out.reserve(results.size());
+    for (auto& r : results) {
+      if (!r) r = Outcome::retry("internal error: the webhook sink lost track of this event");
+      out.push_back(std::move(*r));
+    }
+    return out;
+  }
+};
+
 }  // namespace webhook
 
+using webhook::Submission;
 using webhook::Transfer;
 
 namespace {
@@ -226,7 +271,13 @@ struct Client {
 class WebhookSink final : public NamedSink {
  public:
   WebhookSink(std::string name, WebhookSinkConfig config);
-  std::vector<Outcome> publish(std::span<const Event* const> events) override;
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    submit(events);
+    return collect();
+  }
+  bool pipelined() const override { return true; }
+  void submit(std::span<const Event* const> events) override;
+  std::vector<Outcome> collect() override;
   bool usable() const override { return usable_.load(); }
   // Not a value of OpenTelemetry's list: the sink type. The destination is the sink's name, not
   // any part of its URL: Slack's, Discord's and many other webhook URLs carry their secret in the
@@ -241,7 +292,23 @@ class WebhookSink final : public NamedSink {
   }
 
  private:
+  // Starts requests on the idle slots, the oldest submission's first, while one has an event that
+  // may go now (KeyedDispatch) and its deadline has not passed.
+  void start_requests();
+  // One turn of curl: sends and reads what it can, and hands each finished request's outcome to
+  // its submission. With `wait`, blocks until something happens (at most 1 s) if none finished.
+  void step(bool wait);
+  // A finished request: its slot back to idle_, its outcome to its submission.
+  void finish(CURL* easy, CURLcode result);
+  // curl itself failed (out of memory or a bug): every request attached gets a retry, and no
+  // outstanding submission starts another (their unsent events are released).
+  void fail_attached(const std::string& why);
+  // Detaches whatever requests of `s` are still attached (after an exception); cannot throw.
+  void drop(const Submission& s) noexcept;
+
   Client client_;
+  std::vector<Transfer*> idle_;         // slots not attached; capacity max_in_flight
+  std::deque<Submission> submissions_;  // not yet collected, oldest first
   std::atomic<bool> usable_{true};
 };
 
@@ -262,6 +329,8 @@ WebhookSink::WebhookSink(std::string name, WebhookSinkConfig config) : NamedSink
   curl_multi_setopt(client_.multi.get(), CURLMOPT_MAXCONNECTS, slots);
   curl_multi_setopt(client_.multi.get(), CURLMOPT_MAX_HOST_CONNECTIONS, slots);
   for (int i = 0; i < client_.config.max_in_flight; ++i) client_.transfers.push_back(client_.make_transfer());
+  idle_.reserve(client_.transfers.size());  // so that handing a slot back never allocates
+  for (auto it = client_.transfers.rbegin(); it != client_.transfers.rend(); ++it) idle_.push_back(it->get());
 
   log::info("webhook sink ready", {{"sink", client_.name},
                                    {"url", client_.config.url_for_logs},
@@ -301,109 +370,140 @@ void log_webhook_batch(const std::string& name, const std::vector<Outcome>& outc
 
 }  // namespace
 
-std::vector<Outcome> WebhookSink::publish(std::span<const Event* const> events) {
-  struct Detach {  // whatever happens, no handle stays attached to the multi handle after a batch
-    Client& client;
-    ~Detach() { client.detach_all(); }
-  } detach{client_};
-
-  const auto started = Steady::now();
-  const auto deadline = started + client_.config.timeout;  // no request starts after this
-  std::vector<std::optional<Outcome>> results(events.size());
-  webhook::KeyedDispatch plan(events);
-  std::vector<Transfer*> idle;
-  for (auto it = client_.transfers.rbegin(); it != client_.transfers.rend(); ++it) idle.push_back(it->get());
-  std::size_t running = 0;
-  long new_connections = 0;
-  std::string multi_error;
-
-  auto record = [&](std::size_t index, Outcome outcome) {
-    plan.finish(index, outcome.kind == OutcomeKind::kRetry);
-    results[index] = std::move(outcome);
-  };
-
-  for (;;) {
-    while (!idle.empty() && Steady::now() < deadline) {
-      const auto index = plan.next();
+void WebhookSink::start_requests() {
+  const auto now = Steady::now();
+  for (Submission& s : submissions_) {
+    if (!s.stopped.empty() || now >= s.deadline) continue;
+    while (!idle_.empty()) {
+      const auto index = s.plan.next();
       if (!index) break;
-      Transfer& t = *idle.back();
-      if (auto invalid = client_.prepare(t, *events[*index], *index)) {
-        record(*index, Outcome::permanent(std::move(*invalid)));
+      Transfer& t = *idle_.back();
+      if (auto invalid = client_.prepare(t, *s.events[*index], *index)) {
+        s.record(*index, Outcome::permanent(std::move(*invalid)));
         continue;
       }
       if (const CURLMcode rc = curl_multi_add_handle(client_.multi.get(), t.easy.get()); rc != CURLM_OK) {
         t.headers.reset();
-        record(*index, Outcome::retry(std::string("curl_multi_add_handle: ") + curl_multi_strerror(rc)));
+        s.record(*index, Outcome::retry(std::string("curl_multi_add_handle: ") + curl_multi_strerror(rc)));
         continue;
       }
       t.attached = true;
-      idle.pop_back();
-      ++running;
+      t.owner = &s;
+      idle_.pop_back();
+      ++s.running;
     }
-    if (running == 0) break;
-
-    int still_running = 0;
-    if (const CURLMcode rc = curl_multi_perform(client_.multi.get(), &still_running); rc != CURLM_OK) {
-      multi_error = std::string("curl_multi_perform: ") + curl_multi_strerror(rc);
-      break;
-    }
-    bool any_done = false;
-    int queued = 0;
-    while (CURLMsg* msg = curl_multi_info_read(client_.multi.get(), &queued)) {
-      if (msg->msg != CURLMSG_DONE) continue;
-      CURL* easy = msg->easy_handle;
-      const CURLcode result = msg->data.result;  // msg dies with remove_handle below
-      void* self = nullptr;
-      curl_easy_getinfo(easy, CURLINFO_PRIVATE, &self);
-      Transfer& t = *static_cast<Transfer*>(self);
-      long status = 0;
-      curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
-      long connects = 0;
-      curl_easy_getinfo(easy, CURLINFO_NUM_CONNECTS, &connects);
-      new_connections += connects;
-      curl_multi_remove_handle(client_.multi.get(), easy);
-      t.attached = false;
-      t.headers.reset();
-
-      if (result == CURLE_OK) {
-        usable_ = true;
-        record(t.index,
-               webhook::classify_response(status, t.body,
-                                          webhook::parse_retry_after(t.retry_after, std::chrono::system_clock::now())));
-      } else {
-        usable_ = false;
-        record(t.index,
-               webhook::transfer_error_outcome(result, t.error[0] ? t.error.data() : curl_easy_strerror(result)));
-      }
-      idle.push_back(&t);
-      --running;
-      any_done = true;
-    }
-    if (any_done) continue;  // start the next requests before waiting
-    if (const CURLMcode rc = curl_multi_poll(client_.multi.get(), nullptr, 0, 1000, nullptr); rc != CURLM_OK) {
-      multi_error = std::string("curl_multi_poll: ") + curl_multi_strerror(rc);
-      break;
-    }
+    if (idle_.empty()) return;
   }
+}
 
-  if (!multi_error.empty()) {  // curl itself failed (out of memory or a bug): nothing in flight counts
-    for (auto& t : client_.transfers) {
-      if (t->attached) results[t->index] = Outcome::retry(multi_error);
+void WebhookSink::step(bool wait) {
+  int still_running = 0;
+  if (const CURLMcode rc = curl_multi_perform(client_.multi.get(), &still_running); rc != CURLM_OK) {
+    fail_attached(std::string("curl_multi_perform: ") + curl_multi_strerror(rc));
+    return;
+  }
+  bool any_done = false;
+  int queued = 0;
+  while (CURLMsg* msg = curl_multi_info_read(client_.multi.get(), &queued)) {
+    if (msg->msg != CURLMSG_DONE) continue;
+    finish(msg->easy_handle, msg->data.result);  // msg dies with remove_handle there
+    any_done = true;
+  }
+  if (any_done || !wait) return;  // start the next requests before waiting
+  if (const CURLMcode rc = curl_multi_poll(client_.multi.get(), nullptr, 0, 1000, nullptr); rc != CURLM_OK) {
+    fail_attached(std::string("curl_multi_poll: ") + curl_multi_strerror(rc));
+  }
+}
+
+void WebhookSink::finish(CURL* easy, CURLcode result) {
+  void* self = nullptr;
+  curl_easy_getinfo(easy, CURLINFO_PRIVATE, &self);
+  Transfer& t = *static_cast<Transfer*>(self);
+  long status = 0;
+  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+  long connects = 0;
+  curl_easy_getinfo(easy, CURLINFO_NUM_CONNECTS, &connects);
+  curl_multi_remove_handle(client_.multi.get(), easy);
+  Submission& s = *t.owner;
+  t.attached = false;
+  t.owner = nullptr;
+  t.headers.reset();
+  idle_.push_back(&t);  // first: whatever throws below, the slot is not lost
+  --s.running;
+  s.new_connections += connects;
+  if (result == CURLE_OK) {
+    usable_ = true;
+    s.record(t.index, webhook::classify_response(
+                          status, t.body, webhook::parse_retry_after(t.retry_after, std::chrono::system_clock::now())));
+  } else {
+    usable_ = false;
+    s.record(t.index,
+             webhook::transfer_error_outcome(result, t.error[0] ? t.error.data() : curl_easy_strerror(result)));
+  }
+}
+
+void WebhookSink::fail_attached(const std::string& why) {
+  for (auto& t : client_.transfers) {
+    if (!t->attached) continue;
+    Submission& s = *t->owner;
+    curl_multi_remove_handle(client_.multi.get(), t->easy.get());
+    t->attached = false;
+    t->owner = nullptr;
+    t->headers.reset();
+    idle_.push_back(t.get());
+    --s.running;
+    s.record(t->index, Outcome::retry(why));
+  }
+  for (Submission& s : submissions_) s.stopped = why;
+}
+
+void WebhookSink::drop(const Submission& s) noexcept {
+  for (auto& t : client_.transfers) {
+    if (!t->attached || t->owner != &s) continue;
+    curl_multi_remove_handle(client_.multi.get(), t->easy.get());
+    t->attached = false;
+    t->owner = nullptr;
+    t->headers.reset();
+    idle_.push_back(t.get());  // within the capacity reserved: does not allocate
+  }
+}
+
+void WebhookSink::submit(std::span<const Event* const> events) {
+  submissions_.emplace_back(events, Steady::now(), client_.config.timeout);
+  try {
+    start_requests();
+    step(false);  // the requests go out now; collect() reads their answers
+  } catch (...) {
+    // The loop retries these events and forgets the submission (Sink::submit()): so does the sink.
+    drop(submissions_.back());
+    submissions_.pop_back();
+    throw;
+  }
+}
+
+std::vector<Outcome> WebhookSink::collect() {
+  if (submissions_.empty()) return {};
+  // Whatever happens, the oldest submission is gone after this, and none of its requests stays
+  // attached (the loop takes an exception here as retries of its events).
+  struct PopFront {
+    WebhookSink& sink;
+    ~PopFront() {
+      sink.drop(sink.submissions_.front());
+      sink.submissions_.pop_front();
     }
+  } pop{*this};
+  Submission& s = submissions_.front();
+  // The later submission's requests run too: they take the slots this one leaves.
+  for (;;) {
+    start_requests();
+    // Slots go to the oldest submission first, so it waits for one only while a later one holds
+    // them all: then it waits for those to finish.
+    const bool may_start = s.plan.ready() && s.stopped.empty() && Steady::now() < s.deadline;
+    if (s.running == 0 && !may_start) break;
+    step(true);
   }
-
-  for (const auto& unsent : plan.unsent()) {
-    results[unsent.index] =
-        unsent.blocked ? Outcome::deferred()
-                       : Outcome{OutcomeKind::kDeferred, "not sent: the batch reached the sink timeout", std::nullopt};
-  }
-  std::vector<Outcome> outcomes;
-  outcomes.reserve(events.size());
-  for (auto& r : results) {
-    if (!r) r = Outcome::retry("internal error: the webhook sink lost track of this event");
-    outcomes.push_back(std::move(*r));
-  }
-  log_webhook_batch(name(), outcomes, new_connections, started);
+  auto outcomes = s.outcomes();
+  log_webhook_batch(name(), outcomes, s.new_connections, s.started);
   return outcomes;
 }
 

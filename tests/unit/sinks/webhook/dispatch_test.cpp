@@ -132,3 +132,26 @@ TEST_CASE("an empty batch has nothing to send") {
   CHECK_FALSE(d.next().has_value());
   CHECK(d.unsent().empty());
 }
+
+TEST_CASE("ready() says whether next() would hand out an event (the pipelined sink waits on it)") {
+  Batch b({"a", "a", "b"});
+  KeyedDispatch d(b.pointers);
+  CHECK(d.ready());
+  CHECK(drain(d) == std::vector<std::size_t>{0, 2});
+  CHECK_FALSE(d.ready());  // a busy, b finished handing out
+  d.finish(2, false);
+  CHECK_FALSE(d.ready());  // b has nothing more
+  d.finish(0, true);       // a held: its next event is not ready
+  CHECK_FALSE(d.ready());
+  CHECK_FALSE(d.next().has_value());
+}
+
+TEST_CASE("ready() after a key's event ended and the key has more") {
+  Batch b({"a", "a"});
+  KeyedDispatch d(b.pointers);
+  CHECK(drain(d) == std::vector<std::size_t>{0});
+  CHECK_FALSE(d.ready());
+  d.finish(0, false);
+  CHECK(d.ready());
+  CHECK(drain(d) == std::vector<std::size_t>{1});
+}
