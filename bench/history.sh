@@ -3,6 +3,7 @@
 # millions of processed rows (mark mode, the default)?
 #   bench/history.sh [--relay-bin BIN] [--history 3000000] [--backlog 100000] [--rounds 3]
 #                    [--big-backlog 1000000] [--shared-buffers 128MB] [--no-settle]
+#                    [--probe exists|count] [--statements] [--explain FILE]
 # What: one throwaway PostgreSQL 15 cluster (fsync on, shared_buffers as given), two databases
 # migrated by the binary under test: `empty` and `hist`. hist's history is made the way a real
 # one is: events inserted by writers (transactions of 1,000 rows) and drained by `outbox-relay run`
@@ -13,17 +14,24 @@
 # Each round drains a backlog of --backlog events in each database, alternating (empty first in odd
 # rounds, hist first in even ones): the backlog is committed while no relay runs (transactions of
 # 1,000 rows), then the relay starts; the time is from its "ordering lanes rebalanced" log line to
-# the moment no row is pending (polled every 50 ms through the pending index's predicate). Sink: a
+# the moment no row is pending (polled every 50 ms through the pending index: with --probe exists,
+# the default, whether any row is; --probe count counts them, as the first runs did). Sink: a
 # file without fsync on /dev/null, default relay config. empty is truncated before each of its
 # drains. Then, in `empty`, one --big-backlog drain against one --backlog drain, as events/s.
-# Prints every drain (seconds, events/s, dead tuples of the table when it started) and the ratios
-# hist/empty of the rounds' events/s; the targets are issue 45's (>= 0.9 beside the history,
-# >= 0.95 for the big backlog). Run it on a quiet machine; it takes about 5 minutes with the
-# defaults. Cleans up (relay stopped, cluster stopped and removed) also on failure or Ctrl-C.
+# Prints every drain (seconds, events/s, dead tuples of the table when it started, the heap pages
+# the backlog sat on before the drain and its rows after, the table's heap and index blocks read
+# and hit and the HOT share of its updates over the drain, CPU per event of the relay, of the
+# cluster's processes and of the rest of the machine) and the ratios hist/empty of the rounds'
+# events/s (and of their relay + Postgres CPU per event); the targets are issue 45's (>= 0.9 beside the history,
+# >= 0.95 for the big backlog). --statements: each drain's top statements (pg_stat_statements,
+# also those inside the claim function) on stderr. --explain FILE: 2 % of the rounds' statements
+# with their plans (auto_explain: ANALYZE, BUFFERS, nested statements) into FILE. Run it on a
+# quiet machine; it takes about 8 minutes with the defaults. Cleans up (relay stopped, cluster
+# stopped and removed) also on failure or Ctrl-C.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 relay_bin=$here/build/bin/outbox-relay
-history=3000000 backlog=100000 rounds=3 big=1000000 shared_buffers=128MB settle=1
+history=3000000 backlog=100000 rounds=3 big=1000000 shared_buffers=128MB settle=1 statements=0 explain= probe=exists
 while [ $# -gt 0 ]; do
   case "$1" in
     --relay-bin) relay_bin=$2; shift 2 ;;
@@ -33,6 +41,9 @@ while [ $# -gt 0 ]; do
     --big-backlog) big=$2; shift 2 ;;
     --shared-buffers) shared_buffers=$2; shift 2 ;;
     --no-settle) settle=0; shift ;;
+    --statements) statements=1; shift ;;
+    --explain) explain=$2; shift 2 ;;
+    --probe) probe=$2; shift 2 ;;
     *) echo "bench/history.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -52,9 +63,20 @@ port=${url##*:}; port=${port%%/*}
 export PGPASSWORD; PGPASSWORD=$(cat "$work/cluster/pwfile")
 psql_db() { psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$1" "${@:2}"; }
 psql_db postgres -c "ALTER SYSTEM SET shared_buffers = '$shared_buffers'"
+preload=
+[ "$statements" = 1 ] && preload="'pg_stat_statements'"
+[ -n "$explain" ] && preload="${preload:+$preload, }'auto_explain'"
+[ -n "$preload" ] && psql_db postgres -c "ALTER SYSTEM SET shared_preload_libraries = $preload"
 "$here/scripts/pg-cluster.sh" restart "$work/cluster" > /dev/null
+if [ "$statements" = 1 ]; then  # also the statements inside the claim function
+  psql_db postgres -c "ALTER SYSTEM SET pg_stat_statements.track = 'all'" -c "SELECT pg_reload_conf()" > /dev/null
+fi
 psql_db postgres -c "CREATE DATABASE empty" -c "CREATE DATABASE hist"
-for db in empty hist; do DATABASE_URL=${url%/*}/$db "$work/outbox-relay" migrate > /dev/null; done
+for db in empty hist; do
+  DATABASE_URL=${url%/*}/$db "$work/outbox-relay" migrate > /dev/null
+  psql_db "$db" -c "CREATE EXTENSION pg_freespacemap"
+  if [ "$statements" = 1 ]; then psql_db "$db" -c "CREATE EXTENSION pg_stat_statements"; fi
+done
 cat > "$work/config.yaml" << 'YAML'
 http: {enabled: false}
 sinks: [{name: out, type: file, path: /dev/null, fsync: false}]
@@ -62,6 +84,30 @@ YAML
 
 pending() {  # through the pending index's predicate (processed_at IS NULL alone would scan the table)
   psql_db "$1" -tAc "SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL"
+}
+# The drain's end: with --probe exists (the default) whether any row is pending (the pending index's
+# first live entry); with --probe count the count of pending rows, as the first runs did: that
+# count reads every pending row's page each 50 ms, in a 1,000,000 backlog 13.7 s of Postgres time
+# and 2.1 million blocks read in a 22-s drain (bench/RESULTS.md, "Where a drain's time goes beside
+# a history"), which the drain then waits for on a 2-core machine.
+still_pending() {
+  if [ "$probe" = count ]; then
+    pending "$1"
+  else
+    psql_db "$1" -tAc "SELECT count(*) FROM (SELECT 1 FROM outbox_events
+      WHERE processed_at IS NULL AND dead_lettered_at IS NULL LIMIT 1) AS p"
+  fi
+}
+postmaster=$(head -1 "$work/cluster/data/postmaster.pid")
+ticks() {  # pid: its CPU ticks (user + system), 0 once it is gone
+  awk '{ print $14 + $15 }' "/proc/$1/stat" 2> /dev/null || echo 0
+}
+pg_ticks() {  # "pid:ticks" of each of the cluster's processes alive now
+  local pid
+  for pid in $(pgrep -P "$postmaster"); do printf '%s:%s,' "$pid" "$(ticks "$pid")"; done
+}
+cpu_ticks() {  # relay_pid: "relay postgres-processes machine" CPU ticks (the machine: every process)
+  echo "$(ticks "$1") $(pg_ticks) $(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat)"
 }
 insert() {  # db count: writers' transactions of 1,000 events (keys k0..k999, ~140-byte payloads)
   local done=0
@@ -72,19 +118,56 @@ insert() {  # db count: writers' transactions of 1,000 events (keys k0..k999, ~1
     done=$((done + 1000))
   done
 }
-drain() {  # db label: prints "label db seconds events/s dead_tuples"
-  local n dead log=$work/relay-$1-$2.log
-  n=$(pending "$1")
+stats() {  # db: heap blocks read, hit; index blocks read, hit; updates, HOT updates (cumulative)
+  psql_db "$1" -tAc "SELECT s.heap_blks_read, s.heap_blks_hit, s.idx_blks_read, s.idx_blks_hit,
+      t.n_tup_upd, t.n_tup_hot_upd
+    FROM pg_statio_user_tables AS s JOIN pg_stat_user_tables AS t USING (relid)
+    WHERE s.relname = 'outbox_events'" | tr '|' ' '
+}
+drain() {  # db label: prints "label db seconds events/s dead_tuples pages_before pages_after blocks..."
+  local n pages first dead before after log=$work/relay-$1-$2.log
+  # The pending rows and the heap pages they are on (the same rows pending() reads).
+  read -r n pages first < <(psql_db "$1" -tAc "SELECT count(*), count(DISTINCT (ctid::text::point)[0]),
+      coalesce(min(id), 0) FROM outbox_events WHERE processed_at IS NULL AND dead_lettered_at IS NULL" | tr '|' ' ')
   dead=$(psql_db "$1" -tAc "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'outbox_events'")
+  before=$(stats "$1")
+  if [ "$statements" = 1 ]; then psql_db "$1" -tAc "SELECT pg_stat_statements_reset()" > /dev/null; fi
   DATABASE_URL=${url%/*}/$1 "$work/outbox-relay" run --config "$work/config.yaml" > "$log" 2>&1 &
   relay_pid=$!
   until grep -q "ordering lanes rebalanced" "$log"; do sleep 0.02; done
-  local t0 t1; t0=$(date +%s.%N)
-  while [ "$(pending "$1")" != 0 ]; do sleep 0.05; done
-  t1=$(date +%s.%N)
+  local t0 t1 c0 c1; t0=$(date +%s.%N); c0=$(cpu_ticks "$relay_pid")
+  while [ "$(still_pending "$1")" != 0 ]; do sleep 0.05; done
+  t1=$(date +%s.%N); c1=$(cpu_ticks "$relay_pid")
   kill "$relay_pid"; wait "$relay_pid" || true; relay_pid=
-  awk -v l="$2" -v d="$1" -v a="$t0" -v b="$t1" -v n="$n" -v dead="$dead" \
-    'BEGIN { printf "%s %s %.3f %.0f %s\n", l, d, b - a, n / (b - a), dead }'
+  sleep 0.3  # the relay's backends report their block counts as they exit
+  after=$(stats "$1")
+  if [ "$statements" = 1 ]; then  # the drain's statements by time, to stderr
+    echo "statements of drain $2 in $1:" >&2
+    psql_db "$1" -c "SELECT calls, round(total_exec_time) AS ms, shared_blks_hit AS hit,
+        shared_blks_read AS read, shared_blks_dirtied AS dirtied, shared_blks_written AS written,
+        left(regexp_replace(query, '\s+', ' ', 'g'), 90) AS query
+      FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      ORDER BY total_exec_time DESC LIMIT 8" >&2
+  fi
+  local landed
+  landed=$(psql_db "$1" -tAc "SELECT count(DISTINCT (ctid::text::point)[0]) FROM outbox_events WHERE id >= $first")
+  # CPU in us per event: the relay; Postgres (every process of the cluster, the probe's own
+  # sessions excepted: they are gone); the rest of the machine (the probes' psql and their
+  # sessions, other users' processes).
+  local hz; hz=$(getconf CLK_TCK)
+  awk -v l="$2" -v d="$1" -v a="$t0" -v b="$t1" -v n="$n" -v dead="$dead" -v p="$pages" -v q="$landed" \
+      -v x="$before" -v y="$after" -v c="$c0" -v e="$c1" -v hz="$hz" \
+    'BEGIN { split(x, u, " "); split(y, v, " "); split(c, f, " "); split(e, g, " ")
+             us = 1000000 / hz / n; relay = (g[1] - f[1]) * us
+             # Per process: what it used since the drain began (a process started since: all of it).
+             np = split(f[2], pf, ","); for (i = 1; i <= np; i++) { split(pf[i], kv, ":"); was[kv[1]] = kv[2] }
+             np = split(g[2], pg_, ","); pg = 0
+             for (i = 1; i <= np; i++) { split(pg_[i], kv, ":"); if (kv[1] != "") pg += kv[2] - was[kv[1]] }
+             pg *= us
+             printf "%s %s %.3f %.0f %s %s %s %d %d %d %d %.0f %.1f %.1f %.1f\n", l, d, b - a, n / (b - a), dead, p, q,
+                    v[1] - u[1], v[2] - u[2], v[3] - u[3], v[4] - u[4],
+                    (v[5] - u[5]) ? 100 * (v[6] - u[6]) / (v[5] - u[5]) : 0,
+                    relay, pg, (g[3] - f[3]) * us - relay - pg }'
 }
 
 echo "history: $history events into hist, drained by the relay ($(date +%H:%M:%S))" >&2
@@ -100,6 +183,19 @@ if [ "$settle" = 1 ]; then
   done
   echo "autovacuum settled after $(($(date +%s) - settled)) s: $(dead_tuples hist) dead row versions" >&2
 fi
+layout() {  # db: the table's pages by free space (the free space map, as vacuum left it), to stderr
+  psql_db "$1" -c "SELECT count(*) AS pages, count(*) FILTER (WHERE avail >= 7680) AS empty,
+      count(*) FILTER (WHERE avail >= 4096 AND avail < 7680) AS half_or_more_free,
+      count(*) FILTER (WHERE avail < 4096) AS fuller FROM pg_freespace('outbox_events')" >&2
+}
+echo "the history's pages:" >&2; layout hist
+if [ -n "$explain" ]; then  # a sample of the rounds' statements, plans with buffers, into the server log
+  psql_db postgres -c "ALTER SYSTEM SET auto_explain.log_min_duration = 0" \
+    -c "ALTER SYSTEM SET auto_explain.log_analyze = on" -c "ALTER SYSTEM SET auto_explain.log_buffers = on" \
+    -c "ALTER SYSTEM SET auto_explain.log_nested_statements = on" \
+    -c "ALTER SYSTEM SET auto_explain.sample_rate = 0.02" \
+    -c "ALTER SYSTEM SET log_line_prefix = '%m [%p] %d '" -c "SELECT pg_reload_conf()" > /dev/null
+fi
 echo "rounds: $rounds x $backlog events per database, alternating ($(date +%H:%M:%S))" >&2
 results=$work/results
 for r in $(seq 1 "$rounds"); do
@@ -110,6 +206,10 @@ for r in $(seq 1 "$rounds"); do
     drain "$db" "round$r" | tee -a "$results"
   done
 done
+if [ -n "$explain" ]; then
+  psql_db postgres -c "ALTER SYSTEM SET auto_explain.log_min_duration = -1" -c "SELECT pg_reload_conf()" > /dev/null
+  cp "$work/cluster/server.log" "$explain"
+fi
 echo "big backlog: $big against $backlog in empty ($(date +%H:%M:%S))" >&2
 for n in "$backlog" "$big"; do
   psql_db empty -c "TRUNCATE outbox_events"
@@ -117,12 +217,17 @@ for n in "$backlog" "$big"; do
   drain empty "backlog$n" | tee -a "$results"
 done
 echo
-echo "| drain | database | seconds | events/s | dead tuples at start |"
-echo "| --- | --- | ---: | ---: | ---: |"
-awk '{ printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5 }' "$results"
+echo "| drain | database | seconds | events/s | dead tuples at start | backlog's heap pages | after the drain" \
+  "| heap blocks read / hit | index blocks read / hit | HOT % of updates" \
+  "| CPU us/event: relay, Postgres, rest of the machine |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+awk '{ printf "| %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s | %s | %s, %s, %s |\n",
+         $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15 }' "$results"
 awk '$1 ~ /^round/ { rate[$1 " " $2] = $4; rounds[$1] = 1 }
+     $1 ~ /^round/ { cpu[$1 " " $2] = $13 + $14 }
      $1 ~ /^backlog/ { big[++nb] = $4 }
      END {
-       for (r in rounds) printf "%s: hist/empty %.2f\n", r, rate[r " hist"] / rate[r " empty"]
+       for (r in rounds) printf "%s: hist/empty %.2f (relay + Postgres CPU per event: %.2f)\n", r,
+         rate[r " hist"] / rate[r " empty"], cpu[r " empty"] / cpu[r " hist"]
        if (nb == 2) printf "big backlog / backlog (events/s): %.2f\n", big[2] / big[1]
      }' "$results" | sort
