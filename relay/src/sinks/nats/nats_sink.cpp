@@ -33,6 +33,28 @@ constexpr int kMaxPingsOut = 2;
 // out of nats.c just before are about to report it; they never block, so this is a bound only.
 constexpr milliseconds kSettleWait{1'000};
 constexpr milliseconds kCloseWait{5'000};  // for nats.c's closed callback, the last one it makes
+constexpr std::size_t kNoNext = static_cast<std::size_t>(-1);
+
+// Per key, in id order: next[i] = the index of the next event of events[i]'s key (kNoNext for the
+// last); `first` gets the first event of each key. Returns how many events have one before them.
+std::size_t chain_keys(std::span<const Event* const> events, std::vector<std::size_t>& next,
+                       std::deque<std::size_t>& first) {
+  next.assign(events.size(), kNoNext);
+  std::unordered_map<std::string_view, std::size_t> last;  // key -> its latest event so far
+  last.reserve(events.size());
+  std::size_t behind = 0;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const auto [it, fresh] = last.try_emplace(events[i]->key, i);
+    if (fresh) {
+      first.push_back(i);
+    } else {
+      next[it->second] = i;
+      it->second = i;
+      ++behind;
+    }
+  }
+  return behind;
+}
 
 using OptionsPtr = CHandle<natsOptions, &natsOptions_Destroy>;
 using ConnectionPtr = CHandle<natsConnection, &natsConnection_Destroy>;
@@ -80,12 +102,18 @@ struct NatsSink final : public NamedSink {
   std::unordered_map<const natsMsg*, Tag> in_flight;  // published, PubAck not handled
   std::vector<Ack> acks;                              // handled, not yet taken by collect()
   int settling = 0;  // collect() waits for the handlers of a submission's reclaimed messages
+  // What collect() sleeps for: the PubAcks of submission `awaited` not reported yet, and whether
+  // any PubAck may let more out (a key's next event, or a ready event the window held back).
+  // Without the latter it sleeps until the last of its submission's: one wake-up a batch.
+  std::uint64_t awaited = 0;
+  std::size_t awaited_left = 0;
+  bool wake_each = true;
 
   // One submit()'s events, from submit() until its collect() returns. Only the thread calling
   // submit() and collect() (one at a time) touches these. Per-key order within one: a key's
-  // events wait in `waiting` (id order) while one of them is published and not yet answered;
-  // `ready` holds the events that may go now, the first of each key to begin with. An event
-  // releases the next of its key when it is decided delivered or permanent (a dead letter
+  // events wait (chained by `next`, id order) while one of them is published and not yet
+  // answered; `ready` holds the events that may go now, the first of each key to begin with. An
+  // event releases the next of its key when it is decided delivered or permanent (a dead letter
   // releases its key, docs/design.md §4); a retry leaves the key's later events unsent
   // (kDeferred). Two submissions never share a key (Sink::submit()), so keys are per submission.
   struct Submission {
@@ -95,8 +123,9 @@ struct NatsSink final : public NamedSink {
     SteadyClock::time_point deadline{};  // started + timeout: no publish after it, collect() waits until it
     std::string refused;                 // not sent at all (no connection at submit()): every event retries
     std::vector<std::optional<Outcome>> results;
-    std::vector<char> sent;  // published and not taken back (close_submission())
-    std::unordered_map<std::string_view, std::deque<std::size_t>> waiting;
+    std::vector<char> sent;         // published and not taken back (close_submission())
+    std::vector<std::size_t> next;  // the next event of the same key, or kNoNext
+    std::size_t queued = 0;         // events behind an earlier one of their key, not yet ready
     std::deque<std::size_t> ready;
     std::size_t outstanding = 0;  // published, PubAck not taken yet
     std::size_t duplicates = 0;
@@ -174,9 +203,11 @@ struct NatsSink final : public NamedSink {
       ack.duplicate = pa && pa->Duplicate;
     }
     in_flight.erase(it);
+    const bool last = ack.submission == awaited && awaited_left > 0 && --awaited_left == 0;
     acks.push_back(std::move(ack));
-    // collect() waits for a first PubAck to take, or (settling) for a submission's last one.
-    if (acks.size() == 1 || settling > 0) changed.notify_all();
+    // collect() waits for a first PubAck to take, for the last of its submission's, or (settling)
+    // for a submission's handlers to finish.
+    if ((wake_each && acks.size() == 1) || last || settling > 0) changed.notify_all();
   }
 
   // --- connection ---
@@ -323,10 +354,9 @@ struct NatsSink final : public NamedSink {
   }
 
   static void release_next(Submission& s, std::size_t i) {
-    const auto it = s.waiting.find(s.events[i]->key);
-    if (it == s.waiting.end() || it->second.empty()) return;
-    s.ready.push_back(it->second.front());
-    it->second.pop_front();
+    if (s.next[i] == kNoNext) return;
+    s.ready.push_back(s.next[i]);
+    --s.queued;
   }
 
   void decide(const Ack& ack) {
@@ -442,14 +472,7 @@ struct NatsSink final : public NamedSink {
       s.refused = "not connected to NATS at " + config.url_for_logs;
       return;
     }
-    for (std::size_t i = 0; i < n; ++i) {
-      auto [it, first] = s.waiting.try_emplace(events[i]->key);
-      if (first) {
-        s.ready.push_back(i);
-      } else {
-        it->second.push_back(i);
-      }
-    }
+    s.queued = chain_keys(events, s.next, s.ready);
     pump(s);
   }
 
@@ -466,8 +489,16 @@ struct NatsSink final : public NamedSink {
         if (now >= s.deadline) break;
         if (s.outstanding == 0 && (s.ready.empty() || !connected)) break;  // all decided, or nothing may be sent
         // Waits for a PubAck: one of s's, or of a later submission's that frees the window.
+        const bool more = std::any_of(submissions.begin(), submissions.end(),
+                                      [](const Submission& each) { return each.queued > 0 || !each.ready.empty(); });
         std::unique_lock lock(mutex);
-        changed.wait_until(lock, s.deadline, [&] { return !acks.empty(); });
+        wake_each = more;
+        awaited = s.seq;
+        awaited_left = s.outstanding;
+        for (const Ack& ack : acks) awaited_left -= ack.submission == s.seq ? 1 : 0;
+        changed.wait_until(lock, s.deadline, [&] { return more ? !acks.empty() : awaited_left == 0; });
+        awaited = 0;
+        wake_each = true;
       }
       answered = SteadyClock::now();
       close_submission(s);

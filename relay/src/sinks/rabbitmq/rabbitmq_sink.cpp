@@ -42,6 +42,7 @@ constexpr milliseconds kKeeperInterval{1000};  // between batches: notice a lost
 constexpr std::size_t kMaxHeaderKey = 128;     // rabbitmq-c's limit for a table key
 constexpr std::size_t kMaxHeadersBytes = std::size_t{64} * 1024;  // the content header must fit in one frame
 constexpr std::size_t kMaxRoutesRemembered = 65536;               // routing keys with {key} may be one per aggregate
+constexpr std::size_t kNoNext = static_cast<std::size_t>(-1);     // Submission::next: the last of its key
 
 // What a returned (unroutable) message said.
 struct Returned {
@@ -164,7 +165,7 @@ struct RabbitmqSink final : public NamedSink {
   // --- publishing (under mutex) ---
 
   // One submit()'s events, from submit() until its collect() returns. Per-key order within one
-  // (key_order confirm): a key's events wait in `waiting` (id order) while one of them is
+  // (key_order confirm): a key's events wait (chained by `next`, id order) while one of them is
   // published and not yet confirmed; `ready` holds the events that may be published now, the
   // first of each key to begin with. A confirm that decides an event delivered or permanent
   // releases the next of its key; a retry leaves the key's later events unsent (kDeferred).
@@ -180,8 +181,7 @@ struct RabbitmqSink final : public NamedSink {
     std::vector<std::string> routing_keys;
     std::vector<std::optional<Outcome>> results;
     std::vector<std::optional<Returned>> returned;
-    std::unordered_map<EventId, std::size_t> index_of;
-    std::unordered_map<std::string_view, std::deque<std::size_t>> waiting;
+    std::vector<std::size_t> next;  // the next event of the same key (key_order confirm), or kNoNext
     std::deque<std::size_t> ready;
     KeyHolds held;                      // keys with a retried or deferred event
     std::vector<char> suspect;          // unconfirmed when a channel error closed the channel (one_at_a_time)
@@ -200,7 +200,8 @@ struct RabbitmqSink final : public NamedSink {
   // with one publish outstanding) or every suspect is decided, one publish at a time.
   bool one_at_a_time = false;
   std::size_t suspects = 0;
-  std::vector<amqp_table_entry_t> header_entries;  // pump()'s scratch
+  std::vector<amqp_table_entry_t> header_entries;                 // pump()'s scratch
+  std::unordered_map<std::string_view, std::size_t> key_scratch;  // submit()'s: a key's latest event
 
   Submission* find(std::uint64_t seq) {
     for (Submission& s : submissions) {
@@ -217,11 +218,7 @@ struct RabbitmqSink final : public NamedSink {
     const bool releases = outcome.kind == OutcomeKind::kDelivered || outcome.kind == OutcomeKind::kPermanent;
     if (!releases) s.held.hold(s.events[i]->key, s.events[i]->id);
     s.results[i] = std::move(outcome);
-    if (!releases) return;
-    const auto it = s.waiting.find(s.events[i]->key);
-    if (it == s.waiting.end() || it->second.empty()) return;
-    s.ready.push_back(it->second.front());
-    it->second.pop_front();
+    if (releases && s.next[i] != kNoNext) s.ready.push_back(s.next[i]);
   }
 
   void clear_suspects() {
@@ -334,10 +331,12 @@ struct RabbitmqSink final : public NamedSink {
     amqp_destroy_message(&message);
     const auto [end, ec] = std::from_chars(message_id.data(), message_id.data() + message_id.size(), id);
     if (ec != std::errc() || end != message_id.data() + message_id.size()) return {};
-    // Event ids are unique among the submissions on the channel.
+    // Event ids are unique among the submissions on the channel; each has its events in id order.
     for (Submission& s : submissions) {
-      if (auto it = s.index_of.find(id); it != s.index_of.end()) {
-        s.returned[it->second] = std::move(r);
+      const auto it = std::lower_bound(s.events.begin(), s.events.end(), id,
+                                       [](const Event* e, EventId want) { return e->id < want; });
+      if (it != s.events.end() && (*it)->id == id) {
+        s.returned[static_cast<std::size_t>(it - s.events.begin())] = std::move(r);
         break;
       }
     }
@@ -514,10 +513,10 @@ struct RabbitmqSink final : public NamedSink {
     s.exchanges.resize(n);
     s.routing_keys.resize(n);
     s.suspect.assign(n, 0);
-    s.index_of.reserve(n);
+    s.next.assign(n, kNoNext);
+    key_scratch.clear();
     for (std::size_t i = 0; i < n; ++i) {
       const Event& e = *events[i];
-      s.index_of.emplace(e.id, i);
       s.exchanges[i] = render_rabbitmq_template(config.exchange, e.topic, e.key);
       s.routing_keys[i] = render_rabbitmq_template(config.routing_key, e.topic, e.key);
       if (s.exchanges[i].size() > kMaxAmqpShortString) {
@@ -534,11 +533,12 @@ struct RabbitmqSink final : public NamedSink {
         s.ready.push_back(i);
         continue;
       }
-      auto [it, first] = s.waiting.try_emplace(e.key);
+      const auto [it, first] = key_scratch.try_emplace(e.key, i);
       if (first) {
         s.ready.push_back(i);
       } else {
-        it->second.push_back(i);
+        s.next[it->second] = i;
+        it->second = i;
       }
     }
     if (!connection && !connect(s.deadline)) {
