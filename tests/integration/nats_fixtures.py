@@ -120,6 +120,26 @@ class NatsServer:
                 await nc.close()
         self.run(go())
 
+    def publish(self, subject: str, data: bytes):
+        """One message through JetStream (waits for its PubAck)."""
+        async def go():
+            nc = await self._connect()
+            try:
+                await nc.jetstream().publish(subject, data)
+            finally:
+                await nc.close()
+        self.run(go())
+
+    def purge_stream(self, name: str, subject: str | None = None):
+        """Removes the stream's messages (of `subject` only, when given)."""
+        async def go():
+            nc = await self._connect()
+            try:
+                await nc.jetstream().purge_stream(name, subject=subject)
+            finally:
+                await nc.close()
+        self.run(go())
+
     def stream_count(self, name: str) -> int:
         async def go():
             nc = await self._connect()

@@ -8,6 +8,8 @@ import json
 import time
 import uuid
 
+from nats.js.api import DiscardPolicy
+
 from conftest import Writers, base_config, pending, rows_by_id, run_cli, unique, wait_until
 from nats_fixtures import check_order, nats_server, nats_server_with_password, own_nats_server, read_stream  # noqa: F401
 
@@ -184,6 +186,70 @@ def test_5_a_resent_event_is_dropped_by_jetstream_deduplication(db, relays, nats
     messages = read_stream(nats_server, stream)
     assert sorted(m.outbox_id for m in messages) == ids, "each event stored once"
     check_order(messages)
+
+
+def test_6_a_refused_event_holds_its_key_while_later_batches_are_pipelined_and_other_keys_flow(db, relays,
+                                                                                               nats_server):
+    """Issue 45: batches are pipelined into JetStream (the next enters the sink while the previous
+    one's PubAcks are outstanding). An event the stream refuses (its subject is full, discard new:
+    a PubAck with JetStream error 10077, retried) while later events of its key and of other keys
+    are in flight: the key's later events never reach the stream before it, whether they are in
+    later batches or in its own (a second key has its refused event and a later one in one batch);
+    the other keys are not held. One stream, so its order is the order a consumer reads."""
+    tag = unique("pipe")
+    stream = "S" + uuid.uuid4().hex[:10].upper()
+    # Every subject holds one message and refuses a second one (discard new, per subject). Each
+    # event has a subject of its own, but the two refused ones, whose subjects the test fills first.
+    nats_server.add_stream(stream, [f"{tag}.>"], max_msgs_per_subject=1, discard=DiscardPolicy.NEW,
+                           discard_new_per_subject=True)
+    for full in ("blocked", "blocked2"):
+        nats_server.publish(f"{tag}.{full}", b"{}")
+    relay = relays(base_config(db, nats_sink(nats_server.url, subject=f"{tag}.{{topic}}"), max_attempts=50,
+                               backoff={"initial": "300ms", "max": "1s"}))
+    relay.wait_log("ordering lanes rebalanced")
+    key, key2 = unique("held"), unique("same-batch")
+    # 3,000 events in one transaction: full batches of 500, one after the other in the pipeline.
+    # The held key's events are more than a batch apart, so each of them is in a batch of its own.
+    held_at = {100: (None, key), 600: ("blocked", key), 1150: (None, key), 1700: (None, key), 2600: (None, key),
+               2000: ("blocked2", key2), 2001: (None, key2), 2300: (None, key2)}
+    rows = []
+    for i in range(3000):
+        topic, k = held_at.get(i, (None, f"other-{i % 50}"))
+        rows.append((topic or f"e{i}", k, {"n": i}))
+    ids = db.insert(rows)
+    held_ids = [ids[i] for i in sorted(held_at) if held_at[i][1] == key]
+    held2_ids = [ids[i] for i in sorted(held_at) if held_at[i][1] == key2]
+    other_ids = [oid for i, oid in enumerate(ids) if i not in held_at]
+
+    def others_done():
+        return db.scalar("SELECT count(*) FROM outbox_events WHERE id = ANY(%s) AND processed_at IS NOT NULL",
+                         (other_ids,)) == len(other_ids)
+    wait_until(others_done, timeout=60, message="every event of the other keys delivered")
+    # Two retries at least: the refusal was seen again after later batches went in.
+    wait_until(lambda: db.scalar("SELECT min(attempts) FROM outbox_events WHERE id = ANY(%s)",
+                                 ([held_ids[1], held2_ids[0]],)) >= 2, timeout=30, message="the refused events retried")
+    state = {r[0]: r[1:] for r in db.query(
+        "SELECT id, processed_at IS NOT NULL, attempts, last_error FROM outbox_events WHERE id = ANY(%s)",
+        (held_ids + held2_ids,))}
+    assert state[held_ids[0]][0], "the held key's event before the refused one is delivered"
+    for refused in (held_ids[1], held2_ids[0]):
+        assert not state[refused][0], "the refused event is being retried"
+        assert "10077" in state[refused][2], state[refused][2]
+    for oid in held_ids[2:] + held2_ids[1:]:
+        assert not state[oid][0], f"event {oid} of a held key was delivered while an earlier one is retried"
+    assert db.scalar("SELECT max(attempts) FROM outbox_events WHERE id = ANY(%s)", (other_ids,)) == 0, \
+        "the other keys were delivered at their first attempt"
+
+    for full in ("blocked", "blocked2"):
+        nats_server.purge_stream(stream, subject=f"{tag}.{full}")  # the retries now go in, then the held events
+    wait_until(lambda: pending(db) == 0, timeout=60, message="no pending rows")
+    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    messages = read_stream(nats_server, stream)
+    result = check_order(messages)  # per key in id order, in the stream's order
+    assert result["duplicates"] == 0 and result["ids"] == set(ids)
+    assert [m.outbox_id for m in messages if m.key == key] == held_ids
+    assert [m.outbox_id for m in messages if m.key == key2] == held2_ids
+    assert relay.alive()
 
 
 def test_bad_nats_config_exits_2_naming_the_key(db, workdir):

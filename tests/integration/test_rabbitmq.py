@@ -8,6 +8,8 @@ import json
 import time
 import uuid
 
+import pika
+
 from conftest import Writers, base_config, pending, rows_by_id, run_cli, run_config, unique, wait_until
 from rabbitmq_fixtures import check_order, rabbitmq, read_queue  # noqa: F401
 
@@ -234,6 +236,92 @@ def test_a_route_that_vanishes_while_connected_retries_within_the_grace_others_d
     assert check_order(messages)["ids"] == {first, ids[0]}
     assert relay.alive()
     print(f"\nvanished route: delivered at attempt {rows[ids[0]][6]}; never-routed: {dead[8][:90]}")
+
+
+def test_a_nacked_event_holds_its_key_while_later_batches_are_pipelined_and_other_keys_flow(db, relays, rabbitmq):
+    """Issue 45: batches are pipelined into RabbitMQ (the next enters the channel while the previous
+    one's confirms are outstanding). An event the queue refuses (basic.nack: x-overflow
+    reject-publish, and the message does not fit in x-max-length-bytes) while later events of its
+    key and of other keys are in flight: the key's later events never reach the queue before it,
+    whether they are in later batches or in its own (a second key has its refused event and a later
+    one in one batch); the other keys are not held. One queue: its order is the consumer's."""
+    exchange, queue = unique("outbox"), unique("limited")
+    # The queue holds 150,000 bytes of message bodies and nacks a publish that would pass that. A
+    # filler of 100,000 at its head leaves room for the small events (~33,000 bytes) but not for a
+    # 55,000-byte one; once the test takes the filler, both 55,000-byte events fit.
+    rabbitmq.declare(exchange, queue, "#",
+                     queue_args={"x-max-length-bytes": 150_000, "x-overflow": "reject-publish"})
+    conn = rabbitmq.connection()
+    try:
+        conn.channel().basic_publish("", queue, b"f" * 100_000, pika.BasicProperties(message_id="filler"))
+    finally:
+        conn.close()
+    relay = relays(base_config(db, rabbitmq_sink(rabbitmq.url, exchange), max_attempts=50,
+                               backoff={"initial": "300ms", "max": "1s"}))
+    relay.wait_log("ordering lanes rebalanced")
+    key, key2 = unique("held"), unique("same-batch")
+    big = {"blob": "x" * 55_000}
+    # 3,000 events in one transaction: full batches of 500, one after the other in the pipeline.
+    # The held key's events are more than a batch apart, so each of them is in a batch of its own.
+    held_at = {100: (key, False), 600: (key, True), 1150: (key, False), 1700: (key, False), 2600: (key, False),
+               2000: (key2, True), 2001: (key2, False), 2300: (key2, False)}
+    rows = []
+    for i in range(3000):
+        k, large = held_at.get(i, (f"other-{i % 50}", False))
+        rows.append(("order.paid", k, big if large else {"n": i}))
+    ids = db.insert(rows)
+    held_ids = [ids[i] for i in sorted(held_at) if held_at[i][0] == key]
+    held2_ids = [ids[i] for i in sorted(held_at) if held_at[i][0] == key2]
+    other_ids = [oid for i, oid in enumerate(ids) if i not in held_at]
+
+    def others_done():
+        return db.scalar("SELECT count(*) FROM outbox_events WHERE id = ANY(%s) AND processed_at IS NOT NULL",
+                         (other_ids,)) == len(other_ids)
+    wait_until(others_done, timeout=60, message="every event of the other keys delivered")
+    wait_until(lambda: db.scalar("SELECT min(attempts) FROM outbox_events WHERE id = ANY(%s)",
+                                 ([held_ids[1], held2_ids[0]],)) >= 2, timeout=30, message="the nacked events retried")
+    state = {r[0]: r[1:] for r in db.query(
+        "SELECT id, processed_at IS NOT NULL, attempts, last_error FROM outbox_events WHERE id = ANY(%s)",
+        (held_ids + held2_ids,))}
+    assert state[held_ids[0]][0], "the held key's event before the nacked one is delivered"
+    for nacked in (held_ids[1], held2_ids[0]):
+        assert not state[nacked][0], "the nacked event is being retried"
+        assert "basic.nack" in state[nacked][2], state[nacked][2]
+    for oid in held_ids[2:] + held2_ids[1:]:
+        assert not state[oid][0], f"event {oid} of a held key was delivered while an earlier one is retried"
+    assert db.scalar("SELECT max(attempts) FROM outbox_events WHERE id = ANY(%s)", (other_ids,)) == 0, \
+        "the other keys were delivered at their first attempt"
+
+    conn = rabbitmq.connection()
+    try:
+        method, props, _ = conn.channel().basic_get(queue, auto_ack=True)  # the head: the filler
+        assert props.message_id == "filler"
+    finally:
+        conn.close()
+    wait_until(lambda: pending(db) == 0, timeout=60, message="no pending rows")
+    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    messages = read_queue(rabbitmq, queue)
+    result = check_order(messages)  # per key in id order, in the queue's order
+    assert result["duplicates"] == 0 and result["ids"] == set(ids)
+    assert [m.outbox_id for m in messages if m.key == key] == held_ids
+    assert [m.outbox_id for m in messages if m.key == key2] == held2_ids
+    assert relay.alive()
+
+
+def test_key_order_channel_publishes_a_keys_events_back_to_back_in_key_order(db, relays, rabbitmq):
+    """key_order: channel (the sink before issue 45): a batch's events of one key go out back to
+    back on the channel, pipelined with the next batch; the queue still has every key in id order."""
+    exchange, queue = unique("outbox"), unique("orders")
+    rabbitmq.declare(exchange, queue, "#")
+    relay = relays(base_config(db, rabbitmq_sink(rabbitmq.url, exchange, key_order="channel")))
+    relay.wait_log("ordering lanes rebalanced")
+    ids = db.insert([("order.paid", f"k{i % 5}", {"n": i}) for i in range(3000)])  # 100 events a key a batch
+    wait_until(lambda: pending(db) == 0, timeout=60, message="no pending rows")
+    assert db.scalar("SELECT max(attempts) FROM outbox_events") == 0
+    messages = read_queue(rabbitmq, queue)
+    result = check_order(messages)
+    assert result["duplicates"] == 0 and result["ids"] == set(ids)
+    assert relay.alive()
 
 
 def test_tls_with_a_client_certificate_and_a_bad_certificate_refused(db, relays, rabbitmq):

@@ -33,10 +33,11 @@ struct NatsSinkConfig {
   // The subject for an event: subject characters plus the placeholder {topic}, the row's topic.
   // E.g. "outbox.{topic}". Checked at startup; a rendered subject is checked per event.
   std::string subject = "{topic}";
-  // One publish() waits this long for the PubAcks of its batch; events still without one then
+  // A batch's PubAcks are awaited this long from its submit(); events still without one then
   // retry. Also the connect timeout.
   std::chrono::milliseconds timeout{5'000};
-  // Publishes without a PubAck yet, at most (different keys; one key has at most one).
+  // Publishes without a PubAck yet, at most, of every batch in the sink (different keys; one key
+  // has at most one).
   int max_in_flight = 1'024;
   NatsNoStream no_stream = NatsNoStream::kRetry;
   // The config path of this sink (e.g. "sinks[1]"), for errors that name the key.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -32,6 +33,28 @@ constexpr int kMaxPingsOut = 2;
 // out of nats.c just before are about to report it; they never block, so this is a bound only.
 constexpr milliseconds kSettleWait{1'000};
 constexpr milliseconds kCloseWait{5'000};  // for nats.c's closed callback, the last one it makes
+constexpr std::size_t kNoNext = static_cast<std::size_t>(-1);
+
+// Per key, in id order: next[i] = the index of the next event of events[i]'s key (kNoNext for the
+// last); `first` gets the first event of each key. Returns how many events have one before them.
+std::size_t chain_keys(std::span<const Event* const> events, std::vector<std::size_t>& next,
+                       std::deque<std::size_t>& first) {
+  next.assign(events.size(), kNoNext);
+  std::unordered_map<std::string_view, std::size_t> last;  // key -> its latest event so far
+  last.reserve(events.size());
+  std::size_t behind = 0;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const auto [it, fresh] = last.try_emplace(events[i]->key, i);
+    if (fresh) {
+      first.push_back(i);
+    } else {
+      next[it->second] = i;
+      it->second = i;
+      ++behind;
+    }
+  }
+  return behind;
+}
 
 using OptionsPtr = CHandle<natsOptions, &natsOptions_Destroy>;
 using ConnectionPtr = CHandle<natsConnection, &natsConnection_Destroy>;
@@ -46,13 +69,19 @@ struct NatsSink final : public NamedSink {
   NatsSink(std::string sink_name, NatsSinkConfig sink_config)
       : NamedSink(std::move(sink_name)), config(std::move(sink_config)) {}
 
-  // A PubAck (or its failure) as the handler saw it, for publish() to decide on.
+  // A PubAck (or its failure) as the handler saw it, for collect() to decide on.
   struct Ack {
+    std::uint64_t submission = 0;  // Submission::seq
     std::size_t index = 0;
     natsStatus status = NATS_OK;
     int js_code = 0;
     std::string text;
     bool duplicate = false;
+  };
+  // What nats.c holds of ours: the event a published message carries.
+  struct Tag {
+    std::uint64_t submission = 0;
+    std::size_t index = 0;
   };
 
   bool reserves_header(std::string_view header) const override { return is_reserved_nats_header(header); }
@@ -66,12 +95,44 @@ struct NatsSink final : public NamedSink {
 
   // nats.c calls the handlers below on its own threads (PubAcks on the reply subscription's
   // thread, connection events on its callback thread). They touch only these members, under
-  // mutex, and the atomic above. publish() never holds mutex while it calls nats.c.
+  // mutex, and the atomic above. submit() and collect() never hold mutex while they call nats.c.
   std::mutex mutex;
   std::condition_variable changed;
-  bool closed = false;  // the closed callback ran: nats.c calls nothing of ours after it
-  std::unordered_map<const natsMsg*, std::size_t> in_flight;  // published, PubAck not handled
-  std::vector<Ack> acks;                                      // handled, not yet taken by publish()
+  bool closed = false;                                // the closed callback ran: nats.c calls nothing of ours after it
+  std::unordered_map<const natsMsg*, Tag> in_flight;  // published, PubAck not handled
+  std::vector<Ack> acks;                              // handled, not yet taken by collect()
+  int settling = 0;  // collect() waits for the handlers of a submission's reclaimed messages
+  // What collect() sleeps for: the PubAcks of submission `awaited` not reported yet, and whether
+  // any PubAck may let more out (a key's next event, or a ready event the window held back).
+  // Without the latter it sleeps until the last of its submission's: one wake-up a batch.
+  std::uint64_t awaited = 0;
+  std::size_t awaited_left = 0;
+  bool wake_each = true;
+
+  // One submit()'s events, from submit() until its collect() returns. Only the thread calling
+  // submit() and collect() (one at a time) touches these. Per-key order within one: a key's
+  // events wait (chained by `next`, id order) while one of them is published and not yet
+  // answered; `ready` holds the events that may go now, the first of each key to begin with. An
+  // event releases the next of its key when it is decided delivered or permanent (a dead letter
+  // releases its key, docs/design.md §4); a retry leaves the key's later events unsent
+  // (kDeferred). Two submissions never share a key (Sink::submit()), so keys are per submission.
+  struct Submission {
+    std::uint64_t seq = 0;
+    std::span<const Event* const> events;
+    SteadyClock::time_point started{};
+    SteadyClock::time_point deadline{};  // started + timeout: no publish after it, collect() waits until it
+    std::string refused;                 // not sent at all (no connection at submit()): every event retries
+    std::vector<std::optional<Outcome>> results;
+    std::vector<char> sent;         // published and not taken back (close_submission())
+    std::vector<std::size_t> next;  // the next event of the same key, or kNoNext
+    std::size_t queued = 0;         // events behind an earlier one of their key, not yet ready
+    std::deque<std::size_t> ready;
+    std::size_t outstanding = 0;  // published, PubAck not taken yet
+    std::size_t duplicates = 0;
+  };
+  std::deque<Submission> submissions;  // oldest first (references stay valid: only the ends change)
+  std::uint64_t next_seq = 1;
+  std::vector<Ack> taken;  // take_acks()'s scratch
 
   OptionsPtr options;
   ConnectionPtr connection;
@@ -130,9 +191,10 @@ struct NatsSink final : public NamedSink {
   void pub_ack(const natsMsg* msg, const jsPubAck* pa, const jsPubAckErr* pae) {
     std::lock_guard lock(mutex);
     const auto it = in_flight.find(msg);
-    if (it == in_flight.end()) return;  // not ours to decide any more (cannot happen, see close_batch)
+    if (it == in_flight.end()) return;  // not ours to decide any more (see close_submission)
     Ack ack;
-    ack.index = it->second;
+    ack.submission = it->second.submission;
+    ack.index = it->second.index;
     if (pae) {
       ack.status = pae->Err == NATS_OK ? NATS_ERR : pae->Err;
       ack.js_code = static_cast<int>(pae->ErrCode);
@@ -141,9 +203,11 @@ struct NatsSink final : public NamedSink {
       ack.duplicate = pa && pa->Duplicate;
     }
     in_flight.erase(it);
+    const bool last = ack.submission == awaited && awaited_left > 0 && --awaited_left == 0;
     acks.push_back(std::move(ack));
-    // The waiters wait for a first PubAck to take (publish) or for the last one (close_batch).
-    if (acks.size() == 1 || in_flight.empty()) changed.notify_all();
+    // collect() waits for a first PubAck to take, for the last of its submission's, or (settling)
+    // for a submission's handlers to finish.
+    if ((wake_each && acks.size() == 1) || last || settling > 0) changed.notify_all();
   }
 
   // --- connection ---
@@ -193,7 +257,7 @@ struct NatsSink final : public NamedSink {
     jsOptions js_options;
     check(jsOptions_Init(&js_options), here, "jsOptions_Init");
     js_options.Wait = config.timeout.count();
-    js_options.PublishAsync.MaxPending = config.max_in_flight;  // publish() keeps below it anyway
+    js_options.PublishAsync.MaxPending = config.max_in_flight;  // the sink keeps below it anyway
     js_options.PublishAsync.StallWait = config.timeout.count();
     js_options.PublishAsync.AckHandler = &NatsSink::on_ack;
     js_options.PublishAsync.AckHandlerClosure = this;
@@ -220,7 +284,7 @@ struct NatsSink final : public NamedSink {
 
   // Publishes one event asynchronously. nullopt: nats.c has it and its PubAck will come to
   // pub_ack(); otherwise the event's outcome (it was not published).
-  std::optional<Outcome> send(std::size_t index, const Event& event) {
+  std::optional<Outcome> send(std::uint64_t submission, std::size_t index, const Event& event) {
     const std::string subject = render_subject(config.subject, event.topic);
     if (!valid_nats_subject(subject)) {
       return Outcome::permanent("invalid NATS subject '" + subject + "' from subject template '" + config.subject +
@@ -256,12 +320,12 @@ struct NatsSink final : public NamedSink {
     jsPubOptions pub;
     jsPubOptions_Init(&pub);
     pub.MsgId = id.c_str();  // the Nats-Msg-Id header: JetStream's de-duplication key
-    // No MaxWait: publish() keeps the deadline itself and takes unanswered messages back
-    // (close_batch). nats.c would otherwise queue a timeout notice per message, answered or not.
+    // No MaxWait: collect() keeps the deadline itself and takes unanswered messages back
+    // (close_submission). nats.c would otherwise queue a timeout notice per message, answered or not.
     const natsMsg* tag = msg.get();
     {
       std::lock_guard lock(mutex);
-      in_flight.emplace(tag, index);  // before publishing: the PubAck may beat the call's return
+      in_flight.insert_or_assign(tag, Tag{submission, index});  // before publishing: the PubAck may beat the call
     }
     raw = msg.release();
     s = js_PublishMsgAsync(js.get(), &raw, &pub);
@@ -274,115 +338,175 @@ struct NatsSink final : public NamedSink {
     return outcome_for(s, 0, last_error());
   }
 
-  // Ends a batch: takes back what nats.c still waits a PubAck for (so no handler can report it
-  // later), waits for handlers already past nats.c, and returns the PubAcks not taken yet.
-  std::vector<Ack> close_batch() {
-    bool unanswered = false;
-    {
-      std::lock_guard lock(mutex);
-      unanswered = !in_flight.empty();
+  // --- submissions (the calling thread's) ---
+
+  Submission* find(std::uint64_t seq) {
+    for (Submission& s : submissions) {
+      if (s.seq == seq) return &s;
     }
-    if (unanswered) {
-      natsMsgList pending{};
-      if (js_PublishAsyncGetPendingList(&pending, js.get()) == NATS_OK) {
-        std::lock_guard lock(mutex);
-        for (int k = 0; k < pending.Count; ++k) in_flight.erase(pending.Msgs[k]);
-      }
-      natsMsgList_Destroy(&pending);  // destroys the reclaimed messages: they are never sent again
-    }
-    std::unique_lock lock(mutex);
-    if (!changed.wait_for(lock, kSettleWait, [&] { return in_flight.empty(); })) {
-      log::error("nats: PubAck handlers did not settle; their events retry",
-                 {{"sink", name()}, {"events", in_flight.size()}});
-      in_flight.clear();
-    }
-    std::vector<Ack> late;
-    late.swap(acks);
-    return late;
+    return nullptr;
   }
 
-  std::vector<Outcome> publish(std::span<const Event* const> events) override {
-    const std::size_t n = events.size();
-    if (!connected) {
-      return std::vector<Outcome>(n, Outcome::retry("not connected to NATS at " + config.url_for_logs));
+  std::size_t outstanding() const {
+    std::size_t n = 0;
+    for (const Submission& s : submissions) n += s.outstanding;
+    return n;
+  }
+
+  static void release_next(Submission& s, std::size_t i) {
+    if (s.next[i] == kNoNext) return;
+    s.ready.push_back(s.next[i]);
+    --s.queued;
+  }
+
+  void decide(const Ack& ack) {
+    Submission* s = find(ack.submission);
+    if (s == nullptr) return;  // its submission was collected (a handler that did not settle in time)
+    --s->outstanding;
+    auto& result = s->results[ack.index];
+    if (ack.status == NATS_OK) {
+      result = Outcome::delivered();
+      if (ack.duplicate) ++s->duplicates;
+    } else {
+      result = outcome_for(ack.status, ack.js_code, ack.text);
     }
-    const auto started = SteadyClock::now();
-    const auto deadline = started + config.timeout;
-    const std::size_t max_in_flight = static_cast<std::size_t>(config.max_in_flight);
+    if (result->kind != OutcomeKind::kRetry) release_next(*s, ack.index);
+  }
 
-    // Per-key order: a key's events wait in `waiting` (id order) while one of them is in flight;
-    // `ready` holds the events that may go now, the first of each key to begin with. An event
-    // releases the next of its key when it is decided delivered or permanent (a dead letter
-    // releases its key, docs/design.md §4); a retry leaves the key's later events unsent
-    // (kDeferred).
-    std::unordered_map<std::string_view, std::deque<std::size_t>> waiting;
-    std::deque<std::size_t> ready;
-    for (std::size_t i = 0; i < n; ++i) {
-      auto [it, first] = waiting.try_emplace(events[i]->key);
-      if (first) {
-        ready.push_back(i);
-      } else {
-        it->second.push_back(i);
-      }
-    }
-    auto release_next = [&](std::size_t i) {
-      auto& queue = waiting[events[i]->key];
-      if (queue.empty()) return;
-      ready.push_back(queue.front());
-      queue.pop_front();
-    };
-
-    std::vector<std::optional<Outcome>> results(n);
-    std::vector<char> sent(n, 0);
-    std::size_t outstanding = 0, duplicates = 0;
-    auto decide = [&](const Ack& ack) {
-      if (ack.status == NATS_OK) {
-        results[ack.index] = Outcome::delivered();
-        if (ack.duplicate) ++duplicates;
-      } else {
-        results[ack.index] = outcome_for(ack.status, ack.js_code, ack.text);
-      }
-      if (results[ack.index]->kind != OutcomeKind::kRetry) release_next(ack.index);
-    };
-
+  // Decides the PubAcks the handlers reported so far.
+  void take_acks() {
     {
       std::lock_guard lock(mutex);
-      in_flight.clear();
-      acks.clear();
+      taken.swap(acks);
     }
-    std::vector<Ack> taken;
-    for (;;) {
-      while (outstanding < max_in_flight && !ready.empty() && connected && SteadyClock::now() < deadline) {
-        const std::size_t i = ready.front();
-        ready.pop_front();
-        auto failed = send(i, *events[i]);
-        if (!failed) {
-          sent[i] = 1;
-          ++outstanding;
-          continue;
-        }
-        results[i] = std::move(*failed);
-        if (results[i]->kind != OutcomeKind::kRetry) release_next(i);
+    for (const Ack& ack : taken) decide(ack);
+    taken.clear();
+  }
+
+  // Publishes s's ready events while fewer than max_in_flight publishes (of every submission)
+  // wait for their PubAck, the connection is up and s's deadline has not passed.
+  void pump(Submission& s) {
+    if (!s.refused.empty()) return;
+    const auto max_in_flight = static_cast<std::size_t>(config.max_in_flight);
+    std::size_t in_flight_now = outstanding();
+    while (in_flight_now < max_in_flight && !s.ready.empty() && connected && SteadyClock::now() < s.deadline) {
+      const std::size_t i = s.ready.front();
+      s.ready.pop_front();
+      auto failed = send(s.seq, i, *s.events[i]);
+      if (!failed) {
+        s.sent[i] = 1;
+        ++s.outstanding;
+        ++in_flight_now;
+        continue;
       }
-      if (outstanding == 0) break;  // all decided, or nothing more may be sent
+      s.results[i] = std::move(*failed);
+      if (s.results[i]->kind != OutcomeKind::kRetry) release_next(s, i);
+    }
+  }
+
+  // Ends s's wait: takes back what nats.c still waits a PubAck for (so no handler reports s's
+  // messages later), waits for handlers already past nats.c, and decides the PubAcks they
+  // reported. The messages it takes back of later submissions are published again (the same
+  // Nats-Msg-Id: a duplicate at worst, dropped by JetStream): they are put back at the front of
+  // their submission's ready events, the head of their key, so per-key order holds.
+  void close_submission(Submission& s) {
+    take_acks();
+    if (s.outstanding == 0) return;
+    natsMsgList pending{};
+    if (js_PublishAsyncGetPendingList(&pending, js.get()) == NATS_OK) {
+      std::vector<Tag> again;  // of later submissions
       {
-        std::unique_lock lock(mutex);
-        changed.wait_until(lock, deadline, [&] { return !acks.empty(); });
-        taken.swap(acks);
+        std::lock_guard lock(mutex);
+        for (int k = 0; k < pending.Count; ++k) {
+          const auto it = in_flight.find(pending.Msgs[k]);
+          if (it == in_flight.end()) continue;
+          if (it->second.submission != s.seq) again.push_back(it->second);
+          in_flight.erase(it);
+        }
       }
-      for (const auto& ack : taken) {
-        --outstanding;
-        decide(ack);
+      natsMsgList_Destroy(&pending);  // destroys the reclaimed messages
+      for (const Tag& tag : again) {
+        Submission* other = find(tag.submission);
+        if (other == nullptr) continue;
+        --other->outstanding;
+        other->sent[tag.index] = 0;
+        other->ready.push_front(tag.index);
       }
-      taken.clear();
-      if (SteadyClock::now() >= deadline) break;
     }
-    const auto answered = SteadyClock::now();
-    for (const auto& ack : close_batch()) decide(ack);
+    std::unique_lock lock(mutex);
+    const auto mine = [&] {
+      return std::any_of(in_flight.begin(), in_flight.end(),
+                         [&](const auto& f) { return f.second.submission == s.seq; });
+    };
+    ++settling;
+    const bool settled = changed.wait_for(lock, kSettleWait, [&] { return !mine(); });
+    --settling;
+    if (!settled) {
+      std::size_t left = 0;
+      for (auto it = in_flight.begin(); it != in_flight.end();) {
+        if (it->second.submission == s.seq) {
+          it = in_flight.erase(it);
+          ++left;
+        } else {
+          ++it;
+        }
+      }
+      log::error("nats: PubAck handlers did not settle; their events retry", {{"sink", name()}, {"events", left}});
+    }
+    lock.unlock();
+    take_acks();
+  }
+
+  bool pipelined() const override { return true; }
+
+  void submit(std::span<const Event* const> events) override {
+    Submission& s = submissions.emplace_back();
+    s.seq = next_seq++;
+    s.events = events;
+    s.started = SteadyClock::now();
+    s.deadline = s.started + config.timeout;
+    const std::size_t n = events.size();
+    s.results.resize(n);
+    s.sent.assign(n, 0);
+    if (!connected) {
+      s.refused = "not connected to NATS at " + config.url_for_logs;
+      return;
+    }
+    s.queued = chain_keys(events, s.next, s.ready);
+    pump(s);
+  }
+
+  std::vector<Outcome> collect() override {
+    if (submissions.empty()) return {};
+    Submission& s = submissions.front();
+    const std::size_t n = s.events.size();
+    SteadyClock::time_point answered = s.started;
+    if (s.refused.empty()) {
+      for (;;) {
+        take_acks();
+        for (Submission& each : submissions) pump(each);  // the oldest first: this one
+        const auto now = SteadyClock::now();
+        if (now >= s.deadline) break;
+        if (s.outstanding == 0 && (s.ready.empty() || !connected)) break;  // all decided, or nothing may be sent
+        // Waits for a PubAck: one of s's, or of a later submission's that frees the window.
+        const bool more = std::any_of(submissions.begin(), submissions.end(),
+                                      [](const Submission& each) { return each.queued > 0 || !each.ready.empty(); });
+        std::unique_lock lock(mutex);
+        wake_each = more;
+        awaited = s.seq;
+        awaited_left = s.outstanding;
+        for (const Ack& ack : acks) awaited_left -= ack.submission == s.seq ? 1 : 0;
+        changed.wait_until(lock, s.deadline, [&] { return more ? !acks.empty() : awaited_left == 0; });
+        awaited = 0;
+        wake_each = true;
+      }
+      answered = SteadyClock::now();
+      close_submission(s);
+    }
 
     // What is still undecided: published without a PubAck (retry), or never published: behind a
     // failed event of its key, or because the deadline passed or the connection went (kDeferred:
-    // not attempted, claimed again; a sink still down then answers retry at once, above).
+    // not attempted, claimed again; a sink still down then answers retry at once, in submit()).
     std::vector<Outcome> outcomes;
     outcomes.reserve(n);
     const std::string no_ack = "no PubAck within timeout " + config::format_duration(config.timeout);
@@ -390,32 +514,41 @@ struct NatsSink final : public NamedSink {
                                  (connected ? "the batch reached the sink timeout" : "the connection to NATS was lost");
     KeyHolds held;
     for (std::size_t i = 0; i < n; ++i) {
-      const Event& event = *events[i];
-      if (!results[i]) {
-        if (sent[i]) {
-          results[i] = Outcome::retry(no_ack);
+      const Event& event = *s.events[i];
+      auto& result = s.results[i];
+      if (!result) {
+        if (!s.refused.empty()) {
+          result = Outcome::retry(s.refused);
+        } else if (s.sent[i]) {
+          result = Outcome::retry(no_ack);
         } else if (held.holds(event)) {
-          results[i] = Outcome::deferred();
+          result = Outcome::deferred();
         } else {
-          results[i] = Outcome{OutcomeKind::kDeferred, not_sent, std::nullopt};
+          result = Outcome{OutcomeKind::kDeferred, not_sent, std::nullopt};
         }
       }
-      if (results[i]->kind == OutcomeKind::kRetry || results[i]->kind == OutcomeKind::kDeferred) {
+      if (result->kind == OutcomeKind::kRetry || result->kind == OutcomeKind::kDeferred) {
         held.hold(event.key, event.id);
       }
-      outcomes.push_back(std::move(*results[i]));
+      outcomes.push_back(std::move(*result));
     }
-    if (duplicates > 0) {
+    if (s.duplicates > 0) {
       log::info("nats: JetStream reported re-sent events as duplicates (already stored; counted delivered)",
-                {{"sink", name()}, {"duplicates", duplicates}});
+                {{"sink", name()}, {"duplicates", s.duplicates}});
     }
     log_batch("nats", name(), outcomes);
     log::debug("nats batch published",
                {{"sink", name()},
                 {"events", n},
-                {"duplicates", duplicates},
-                {"acks_ms", std::chrono::duration<double, std::milli>(answered - started).count()}});
+                {"duplicates", s.duplicates},
+                {"acks_ms", std::chrono::duration<double, std::milli>(answered - s.started).count()}});
+    submissions.pop_front();
     return outcomes;
+  }
+
+  std::vector<Outcome> publish(std::span<const Event* const> events) override {
+    submit(events);
+    return collect();
   }
 
   bool usable() const override { return connected.load(); }

@@ -12,6 +12,12 @@
 // PubAck of the one before; different keys are in flight together, up to max_in_flight. After a
 // retriable failure of a key (or no PubAck within timeout), the key's later events in the batch
 // are not published (kDeferred). A permanent failure dead-letters the event and releases its key.
+//
+// Pipelined (Sink::pipelined()): submit() publishes the first event of each key of a batch and
+// returns; collect() waits for the PubAcks of the oldest batch, publishing the next event of a key
+// as the one before it is acknowledged (and the later batches' ready events meanwhile, within
+// max_in_flight for all of them). The loop never has a key's events in two batches in the sink at
+// once (Sink::submit()), so the rule above, per batch, is per key. Nats-Msg-Id stays the event id.
 #include <memory>
 #include <string>
 
@@ -23,10 +29,13 @@ namespace outbox::sinks {
 // Creates the connection; it connects (and reconnects, forever) in the background. A server
 // that cannot be reached is not an error here: usable() stays false until it answers. Throws
 // config::ConfigError naming config.key_path if nats.c rejects the settings.
-// publish(): publishes the batch and waits for its PubAcks, at most about config.timeout; events
-// without one then retry. Returns with nothing of the batch still in flight.
+// submit(): publishes what may go now of the batch (nothing, when not connected: its events then
+// retry at collect()). collect(): the oldest submission's outcomes, after its PubAcks or about
+// config.timeout from its submit(); events without one then retry, and nats.c no longer holds
+// any of its messages (those of later submissions it held are published again). publish():
+// submit() then collect().
 // usable(): true while the connection to a server is up. Thread-safe, lock-free.
-// flush(): flushes the connection's write buffer (publish() leaves nothing waiting for a PubAck).
+// flush(): flushes the connection's write buffer (the loop collects every submission first).
 std::unique_ptr<Sink> make_nats_sink(std::string name, NatsSinkConfig config);
 
 }  // namespace outbox::sinks

@@ -151,6 +151,8 @@ RabbitmqSinkConfig parse_rabbitmq_sink(config::Section& s) {
     throw ConfigError(s.key_path("recovery_grace") + ": expected 0s to 1h, got " +
                       config::format_duration(c.recovery_grace));
   }
+  const std::string key_order = s.choice_or("key_order", "confirm", {"confirm", "channel"});
+  c.key_order = key_order == "channel" ? RabbitmqKeyOrder::kChannel : RabbitmqKeyOrder::kConfirm;
   c.tls_files = parse_tls_files(s, c.tls, "amqps://");
   return c;
 }
@@ -161,7 +163,8 @@ nlohmann::json describe_rabbitmq_sink(const RabbitmqSinkConfig& c) {
                    {"routing_key", c.routing_key},
                    {"timeout", config::format_duration(c.timeout)},
                    {"max_in_flight", c.max_in_flight},
-                   {"recovery_grace", config::format_duration(c.recovery_grace)}};
+                   {"recovery_grace", config::format_duration(c.recovery_grace)},
+                   {"key_order", c.key_order == RabbitmqKeyOrder::kChannel ? "channel" : "confirm"}};
   if (c.tls) j["tls"] = describe_tls_files(c.tls_files);
   return j;
 }

@@ -5,9 +5,13 @@
 //   exchange: "outbox"                       required, template: {topic}; "" is the default exchange
 //   routing_key: "{topic}"                   template: {topic} and {key} (the aggregate_id)
 //   timeout: 5s                              connect/login, and the wait for a batch's confirms
-//   max_in_flight: 1000                      published events without a confirm yet (1..65535)
+//   max_in_flight: 1000                      published events without a confirm yet, of every
+//                                            batch in the sink (1..65535); one per key
 //   recovery_grace: 30s                      NO_ROUTE / NOT_FOUND retry until the broker has been
 //                                            reachable this long, then dead-letter (0s..1h)
+//   key_order: confirm                       confirm: a key's next event is published once the one
+//                                            before is confirmed; channel: back to back (faster for
+//                                            many events of one key; a basic.nack may reorder)
 //   tls: {ca_file, cert_file, key_file, insecure_skip_verify}   only with amqps:// (sinks/tls_client.hpp)
 #include <chrono>
 #include <nlohmann/json_fwd.hpp>
@@ -23,6 +27,18 @@ class Section;
 
 namespace outbox::sinks {
 
+// How the events of one key in a batch are published.
+enum class RabbitmqKeyOrder {
+  // Default: the next only once the broker confirmed the one before (or returned it: dead-lettered).
+  // A key's messages reach a queue in id order whatever the broker answers: a basic.nack of one
+  // (x-overflow reject-publish, a crashed queue process) holds back the rest.
+  kConfirm,
+  // Back to back on the channel, whose order RabbitMQ keeps in each queue: one round trip for a
+  // batch however many events of a key it has. A basic.nack of one while the broker takes a later
+  // one of its key puts the later one in the queue first (it is retried and arrives again after).
+  kChannel,
+};
+
 struct RabbitmqSinkConfig {
   std::string url;           // as configured: may carry a password, never log it
   std::string url_for_logs;  // the same URL with the password replaced by *****
@@ -37,14 +53,15 @@ struct RabbitmqSinkConfig {
   // the row's aggregate_id.
   std::string exchange;
   std::string routing_key = "{topic}";
-  // Bounds connecting and logging in, and how long one publish() waits for the publisher
-  // confirms of its batch (events without a confirm then retry and the connection is replaced).
+  // Bounds connecting and logging in, and how long the sink waits for the publisher confirms of
+  // a batch from its submit() (events without a confirm then retry and the connection is replaced).
   std::chrono::milliseconds timeout{5'000};
   int max_in_flight = 1000;
   TlsFiles tls_files;  // with amqps://: verification on unless insecure_skip_verify
   // NO_ROUTE and NOT_FOUND dead-letter an event only once the broker has been reachable, without
   // a lost connection, for this long; before that they retry (classify_amqp_reply).
   std::chrono::milliseconds recovery_grace{30'000};
+  RabbitmqKeyOrder key_order = RabbitmqKeyOrder::kConfirm;
   // The config path of this sink (e.g. "sinks[1]"), for errors that name the key.
   std::string key_path;
 };
@@ -53,9 +70,9 @@ inline constexpr int kMaxRabbitmqInFlight = 65535;
 // AMQP 0-9-1 short strings: exchange names and routing keys are at most 255 bytes.
 inline constexpr std::size_t kMaxAmqpShortString = 255;
 
-// Reads url, exchange, routing_key, timeout, max_in_flight, recovery_grace and tls from a sink entry and registers the
-// URL's password with the log redactor before anything can print it. Throws config::ConfigError
-// naming the key.
+// Reads url, exchange, routing_key, timeout, max_in_flight, recovery_grace, key_order and tls from
+// a sink entry and registers the URL's password with the log redactor before anything can print
+// it. Throws config::ConfigError naming the key.
 RabbitmqSinkConfig parse_rabbitmq_sink(config::Section& section);
 
 // The row headers the sink never passes on (Sink::reserves_header): outbox-* (its own), CC and

@@ -7,10 +7,23 @@
 // message_id = the event id, timestamp = created_at (seconds), app_id outbox-relay; headers
 // table: outbox-id, outbox-topic, outbox-key, outbox-created-at, then the row's headers.
 //
-// One channel, publishes in id order: RabbitMQ keeps the order of one channel's messages in each
-// queue they reach. A batch is published pipelined (up to max_in_flight without a confirm),
-// then the sink reads confirms, returns and errors until every event has an outcome or timeout
-// passes. See docs/sinks.md "rabbitmq sink" for what is permanent and how per-key order holds.
+// One channel. Per-key order (key_order confirm, the default): a key's events are published one
+// after another, the next only after the broker confirmed the one before (basic.ack; or a
+// return, dead-lettered); different keys are in flight together, up to max_in_flight publishes
+// without a confirm. So a basic.nack (a queue with x-overflow reject-publish that was full, a
+// queue process that crashed) can never let a later message of the key into a queue before the
+// earlier one: after a retriable failure of a key, its later events in the batch are not
+// published (kDeferred). key_order channel publishes a key's events back to back, in id order
+// (RabbitMQ keeps one channel's order in each queue), and relies on the loop's rule
+// (core/key_holds.hpp) for an event confirmed after an earlier one of its key failed: a basic.nack
+// can then put a later message of the key in a queue first.
+//
+// Pipelined (Sink::pipelined()): submit() publishes the first event of each key of a batch and
+// returns; collect() reads confirms, returns and errors (delivery tags count the publishes of
+// every submission on the channel) until every event of the oldest submission has an outcome or
+// timeout passes, publishing the next event of a key once the one before is confirmed, and the
+// later submissions' ready events meanwhile. The loop never has a key's events in two batches in
+// the sink at once (Sink::submit()). See docs/sinks.md "rabbitmq sink" for what is permanent.
 #include <memory>
 #include <string>
 
@@ -21,9 +34,13 @@ namespace outbox::sinks {
 
 // Tries to connect once (bounded by timeout); an unreachable broker is not an error here:
 // usable() stays false and the sink reconnects in the background and at the next batch.
-// publish(): publishes the batch and waits for its confirms. Blocks at most about timeout (a
-// watchdog shuts the socket down if a send or read outlives it), plus at most about timeout more
-// if the background reconnect is under way. Never throws for broker failures.
+// submit(): publishes what may go now of the batch (connecting first if needed; when it cannot,
+// the batch's events retry at collect()). collect(): the oldest submission's outcomes, once each
+// of its events has one, or about timeout after its submit(): a submission without every confirm
+// then, or a lost connection, retries its unconfirmed events, and every other submission's too
+// (the connection is replaced, so no late confirm is read as another publish's). A watchdog shuts
+// the socket down if a send or read outlives timeout; a reconnect under way in the background may
+// add about timeout more. Never throws for broker failures. publish(): submit() then collect().
 // usable(): true while a connection with a confirm-mode channel is up. Thread-safe, lock-free.
 std::unique_ptr<Sink> make_rabbitmq_sink(std::string name, RabbitmqSinkConfig config);
 

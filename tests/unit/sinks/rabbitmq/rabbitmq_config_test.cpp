@@ -35,6 +35,7 @@ TEST_CASE("rabbitmq config: defaults and every key") {
   CHECK(d.timeout == std::chrono::seconds{5});
   CHECK(d.max_in_flight == 1000);
   CHECK(d.recovery_grace == std::chrono::seconds{30});
+  CHECK(d.key_order == sinks::RabbitmqKeyOrder::kConfirm);
   CHECK(d.key_path == "sinks[0]");
   CHECK(d.url_for_logs == "amqp://broker");
 
@@ -44,7 +45,8 @@ TEST_CASE("rabbitmq config: defaults and every key") {
       "    routing_key: '{topic}.{key}'\n"
       "    timeout: 2s\n"
       "    max_in_flight: 64\n"
-      "    recovery_grace: 0s\n",
+      "    recovery_grace: 0s\n"
+      "    key_order: channel\n",
       env_of({{"RMQ_PW", "p%40ss-word-1"}}));
   CHECK(f.host == "127.0.0.1");
   CHECK(f.port == 5673);
@@ -56,6 +58,7 @@ TEST_CASE("rabbitmq config: defaults and every key") {
   CHECK(f.timeout == std::chrono::seconds{2});
   CHECK(f.max_in_flight == 64);
   CHECK(f.recovery_grace == std::chrono::milliseconds{0});
+  CHECK(f.key_order == sinks::RabbitmqKeyOrder::kChannel);
   CHECK(f.url_for_logs == "amqp://relay:*****@127.0.0.1:5673/orders%2Fprod");
 
   // "" is the default exchange: routing key = queue name.
@@ -131,6 +134,8 @@ TEST_CASE("rabbitmq config: errors name the key and what was expected") {
         "sinks[0].recovery_grace: expected 0s to 1h, got 2h");
   CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    recovery_grace: soon\n")
             .find("sinks[0].recovery_grace:") == 0);
+  CHECK(entry.error_of("    url: 'amqp://h'\n    exchange: x\n    key_order: strict\n").find("sinks[0].key_order:") ==
+        0);
   CHECK(
       entry.error_of("    url: 'amqp://h'\n    exchange: x\n    exchang: y\n").find("sinks[0].exchang: unknown key") ==
       0);
