@@ -402,3 +402,26 @@ class Writers:
                 time.sleep(0.2)
         if conn is not None:
             conn.close()
+
+
+def check_failed_events_hold_their_keys(db, held_ids, held2_ids, other_ids, what, error_fragment):
+    """The pipelined sinks' failure tests (nats, rabbitmq): once every event of the other keys is
+    delivered, the failed events (held_ids[1], held2_ids[0]) have been retried, the held keys'
+    later events are not delivered, and the other keys went through at their first attempt."""
+    wait_until(lambda: db.scalar("SELECT count(*) FROM outbox_events WHERE id = ANY(%s) AND processed_at IS NOT NULL",
+                                 (other_ids,)) == len(other_ids),
+               timeout=60, message="every event of the other keys delivered")
+    # Two retries at least: the failure was seen again after later batches went in.
+    wait_until(lambda: db.scalar("SELECT min(attempts) FROM outbox_events WHERE id = ANY(%s)",
+                                 ([held_ids[1], held2_ids[0]],)) >= 2, timeout=30, message=f"the {what} events retried")
+    state = {r[0]: r[1:] for r in db.query(
+        "SELECT id, processed_at IS NOT NULL, attempts, last_error FROM outbox_events WHERE id = ANY(%s)",
+        (held_ids + held2_ids,))}
+    assert state[held_ids[0]][0], f"the held key's event before the {what} one is delivered"
+    for failed in (held_ids[1], held2_ids[0]):
+        assert not state[failed][0], f"the {what} event is being retried"
+        assert error_fragment in state[failed][2], state[failed][2]
+    for oid in held_ids[2:] + held2_ids[1:]:
+        assert not state[oid][0], f"event {oid} of a held key was delivered while an earlier one is retried"
+    assert db.scalar("SELECT max(attempts) FROM outbox_events WHERE id = ANY(%s)", (other_ids,)) == 0, \
+        "the other keys were delivered at their first attempt"

@@ -10,7 +10,7 @@ import uuid
 
 from nats.js.api import DiscardPolicy
 
-from conftest import Writers, base_config, pending, rows_by_id, run_cli, unique, wait_until
+from conftest import Writers, base_config, check_failed_events_hold_their_keys, pending, rows_by_id, run_cli, unique, wait_until
 from nats_fixtures import check_order, nats_server, nats_server_with_password, own_nats_server, read_stream  # noqa: F401
 
 
@@ -221,24 +221,7 @@ def test_6_a_refused_event_holds_its_key_while_later_batches_are_pipelined_and_o
     held2_ids = [ids[i] for i in sorted(held_at) if held_at[i][1] == key2]
     other_ids = [oid for i, oid in enumerate(ids) if i not in held_at]
 
-    def others_done():
-        return db.scalar("SELECT count(*) FROM outbox_events WHERE id = ANY(%s) AND processed_at IS NOT NULL",
-                         (other_ids,)) == len(other_ids)
-    wait_until(others_done, timeout=60, message="every event of the other keys delivered")
-    # Two retries at least: the refusal was seen again after later batches went in.
-    wait_until(lambda: db.scalar("SELECT min(attempts) FROM outbox_events WHERE id = ANY(%s)",
-                                 ([held_ids[1], held2_ids[0]],)) >= 2, timeout=30, message="the refused events retried")
-    state = {r[0]: r[1:] for r in db.query(
-        "SELECT id, processed_at IS NOT NULL, attempts, last_error FROM outbox_events WHERE id = ANY(%s)",
-        (held_ids + held2_ids,))}
-    assert state[held_ids[0]][0], "the held key's event before the refused one is delivered"
-    for refused in (held_ids[1], held2_ids[0]):
-        assert not state[refused][0], "the refused event is being retried"
-        assert "10077" in state[refused][2], state[refused][2]
-    for oid in held_ids[2:] + held2_ids[1:]:
-        assert not state[oid][0], f"event {oid} of a held key was delivered while an earlier one is retried"
-    assert db.scalar("SELECT max(attempts) FROM outbox_events WHERE id = ANY(%s)", (other_ids,)) == 0, \
-        "the other keys were delivered at their first attempt"
+    check_failed_events_hold_their_keys(db, held_ids, held2_ids, other_ids, "refused", "10077")
 
     for full in ("blocked", "blocked2"):
         nats_server.purge_stream(stream, subject=f"{tag}.{full}")  # the retries now go in, then the held events

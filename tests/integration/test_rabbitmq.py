@@ -10,7 +10,7 @@ import uuid
 
 import pika
 
-from conftest import Writers, base_config, pending, rows_by_id, run_cli, run_config, unique, wait_until
+from conftest import Writers, base_config, check_failed_events_hold_their_keys, pending, rows_by_id, run_cli, run_config, unique, wait_until
 from rabbitmq_fixtures import check_order, rabbitmq, read_queue  # noqa: F401
 
 
@@ -274,23 +274,7 @@ def test_a_nacked_event_holds_its_key_while_later_batches_are_pipelined_and_othe
     held2_ids = [ids[i] for i in sorted(held_at) if held_at[i][0] == key2]
     other_ids = [oid for i, oid in enumerate(ids) if i not in held_at]
 
-    def others_done():
-        return db.scalar("SELECT count(*) FROM outbox_events WHERE id = ANY(%s) AND processed_at IS NOT NULL",
-                         (other_ids,)) == len(other_ids)
-    wait_until(others_done, timeout=60, message="every event of the other keys delivered")
-    wait_until(lambda: db.scalar("SELECT min(attempts) FROM outbox_events WHERE id = ANY(%s)",
-                                 ([held_ids[1], held2_ids[0]],)) >= 2, timeout=30, message="the nacked events retried")
-    state = {r[0]: r[1:] for r in db.query(
-        "SELECT id, processed_at IS NOT NULL, attempts, last_error FROM outbox_events WHERE id = ANY(%s)",
-        (held_ids + held2_ids,))}
-    assert state[held_ids[0]][0], "the held key's event before the nacked one is delivered"
-    for nacked in (held_ids[1], held2_ids[0]):
-        assert not state[nacked][0], "the nacked event is being retried"
-        assert "basic.nack" in state[nacked][2], state[nacked][2]
-    for oid in held_ids[2:] + held2_ids[1:]:
-        assert not state[oid][0], f"event {oid} of a held key was delivered while an earlier one is retried"
-    assert db.scalar("SELECT max(attempts) FROM outbox_events WHERE id = ANY(%s)", (other_ids,)) == 0, \
-        "the other keys were delivered at their first attempt"
+    check_failed_events_hold_their_keys(db, held_ids, held2_ids, other_ids, "nacked", "basic.nack")
 
     conn = rabbitmq.connection()
     try:
