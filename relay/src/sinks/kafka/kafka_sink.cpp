@@ -571,8 +571,11 @@ struct KafkaSinkImpl final : public KafkaSink {
 
   void submit(std::span<const Event* const> events) override {
     std::unique_lock lock(mutex);
+    // Before the batch opens: a producer replaced here settles the batches already in flight, not
+    // this one, which goes to the new producer.
+    const bool have_producer = ensure_producer();
     Batch& batch = open_batch(events.size());
-    if (!ensure_producer()) {
+    if (!have_producer) {
       batch.voided = "no Kafka producer: " + producer_error;
       return;
     }
