@@ -192,6 +192,34 @@ def test_kill_between_produce_and_commit_aborts_at_once(db, relays, kafka_broker
     print(f"\nopen transaction of the killed relay: all delivered {took:.1f}s after the restart")
 
 
+def test_a_drain_puts_two_batches_in_one_transaction(db, relays, kafka_broker):
+    """A backlog drained in batches of 100: the loop submits batch k+1 before it collects k, and
+    both go into one Kafka transaction (docs/design.md, "Exactly once into Kafka"), so the drain
+    takes about half as many transactions as batches; every event once, per key in order."""
+    row_topic = unique("eos-drain")
+    kafka_topic = "outbox." + row_topic
+    kafka_broker.create_topic(kafka_topic, partitions=3)
+    # 1,000 keys in id order: consecutive batches share none, so none of them waits for the other.
+    ids = db.insert([(row_topic, f"k{i % 1000}", {"n": i}) for i in range(4000)])
+    port = free_port()
+    config = relay_config(db, kafka_broker, "outbox.{topic}")
+    config["relay"]["batch_size"] = 100
+    config["http"] = {"enabled": True, "listen": f"127.0.0.1:{port}"}
+    config["log"] = {"level": "debug"}  # a line per transaction: its events and batches
+    relay = relays(config)
+    wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows")
+    assert_exactly_once(db, kafka_broker.bootstrap, kafka_topic, expected_rows=len(ids))
+    _, text = http_get(port, "/metrics")
+    committed = metric(text, 'outbox_relay_kafka_transactions_total{outcome="committed",sink="kafka"}')
+    transactions = [l for l in relay.logs() if l.get("msg") == "kafka transaction committed"]
+    assert len(transactions) == committed
+    assert sum(t["events"] for t in transactions) == len(ids)
+    two = sum(1 for t in transactions if t["batches"] >= 2)
+    # 40 batches: at most 40 transactions one batch each; about 21 with two batches in each.
+    assert committed <= 30, f"{committed:.0f} transactions for 40 batches ({two} with two batches)"
+    print(f"\ndrain of 40 batches: {committed:.0f} transactions, {two} of them with two batches")
+
+
 def publishing(relay) -> bool:
     last_taken = last_closed = ""
     for line in relay.logs():
@@ -208,6 +236,9 @@ def kill_loop(db, relays, broker, writers_count, per_writer, keys, kills, relays
     kafka_topic = "outbox." + row_topic
     broker.create_topic(kafka_topic, partitions=6)
     config = relay_config(db, broker, "outbox.{topic}")
+    # Batches of 100: the backlog after a kill drains in several, pipelined (a transaction takes
+    # the next batch's events whose key is not in the one before), so kills land inside those too.
+    config["relay"]["batch_size"] = 100
     running = [relays(config, env=env) for _ in range(relays_count)]
     # One of them publishes (one lane group); the others stand by.
     wait_until(lambda: any(publishing(r) for r in running), timeout=60, message="a relay took the lanes over")

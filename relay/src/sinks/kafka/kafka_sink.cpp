@@ -168,11 +168,21 @@ struct KafkaSinkImpl final : public KafkaSink {
     // Set: nothing of this batch counts as delivered (a fatal error voided the producer's
     // guarantees), or it never reached a producer; every event retries with this reason.
     std::string voided;
+    // Exactly once: the events' ids, which of them went into the transaction, and the outcomes
+    // its end decided (set: the batch is out of its transaction, and its late reports are ignored).
+    std::vector<EventId> ids;
+    std::vector<bool> sent;
+    std::optional<std::vector<Outcome>> settled;
   };
-  // Oldest first. Exactly once and publish(): one at a time. Pipelined (at least once): up to the
-  // loop's window, two (submit(), collect()).
+  // Oldest first. publish(): one at a time. Pipelined: up to the loop's window, two batches
+  // (submit(), collect()) and a second submission of the newer one; exactly once: every batch not
+  // yet settled is in the open transaction.
   std::deque<Batch> batches;
   std::uint32_t generation = 0;
+  // Exactly once: a transaction is open on `producer` (submit_transaction()), and its first fatal
+  // producer error, after which nothing more goes into it.
+  bool txn_open = false;
+  std::string txn_fatal;
 
   // Exactly once (config.exactly_once). needs_takeover: no producer may publish until the runner's
   // take_over() made one and read the mark back; set at start and by a fatal error or a fence.
@@ -228,7 +238,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     const auto index = static_cast<std::size_t>(tag & 0xffffffffu);
     const auto batch =
         std::find_if(batches.begin(), batches.end(), [&](const Batch& b) { return b.generation == tag_generation; });
-    if (batch == batches.end()) return;  // its batch was decided already
+    if (batch == batches.end() || batch->settled) return;  // its batch was decided already
     auto& results = batch->results;
     if (index == results.size()) {
       batch->mark_report = message->err;  // the progress mark (exactly once): index n of a batch of n
@@ -559,18 +569,18 @@ struct KafkaSinkImpl final : public KafkaSink {
   }
 
   // At least once: submit() produces a batch and returns; collect() waits for the oldest batch's
-  // reports. publish() is the two at once. Pipelined (the loop's window: two batches) only
-  // without exactly_once, whose transactions take one batch at a time.
-  bool pipelined() const override { return !config.exactly_once; }
+  // reports. Exactly once: submit() produces a batch into the open transaction; collect() ends it
+  // (submit_transaction()). publish() is the two at once.
+  bool pipelined() const override { return true; }
 
   std::vector<Outcome> publish(std::span<const Event* const> events) override {
-    if (config.exactly_once) return publish_transaction(events);
     submit(events);
     return collect();
   }
 
   void submit(std::span<const Event* const> events) override {
     std::unique_lock lock(mutex);
+    if (config.exactly_once) return submit_transaction(events);
     // Before the batch opens: a producer replaced here settles the batches already in flight, not
     // this one, which goes to the new producer.
     const bool have_producer = ensure_producer();
@@ -633,6 +643,7 @@ struct KafkaSinkImpl final : public KafkaSink {
 
   std::vector<Outcome> collect() override {
     std::unique_lock lock(mutex);
+    if (config.exactly_once) return collect_transaction();
     if (batches.empty()) return {};
     Batch& oldest = batches.front();
     const std::size_t n = oldest.results.size();
@@ -954,6 +965,8 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
     producer = std::move(made[0]);
     spare = std::move(made[1]);
+    txn_open = false;  // nothing is in flight at a takeover (Sink::take_over)
+    txn_fatal.clear();
     producer_ok = true;
     needs_takeover = false;
     takeover_failed = false;
@@ -988,19 +1001,21 @@ struct KafkaSinkImpl final : public KafkaSink {
         .dump();
   }
 
-  // The producer is dropped (a fatal error, a fence, a commit in doubt): the batch goes back
-  // without costing an attempt (the takeover's mark says which of it Kafka has; the loop claims
+  // The producer is dropped (a fatal error, a fence, a commit in doubt), or was dropped meanwhile
+  // (the idle poller found it failed: `drop` false): every batch of the transaction goes back
+  // without costing an attempt (the takeover's mark says which of them Kafka has; the loop claims
   // nothing until a takeover succeeded), so that no event is dead-lettered for a broker's or a
   // coordinator's trouble, nor one Kafka already has.
-  std::vector<Outcome> dropped_transaction(std::size_t n, const std::string& why,
-                                           rd_kafka_resp_err_t code = RD_KAFKA_RESP_ERR_NO_ERROR) {
-    drop_transactional(why, code);
-    return std::vector<Outcome>(n, Outcome::deferred("kafka transaction not completed, the lanes are taken over "
-                                                     "again: " +
-                                                     why));
+  void settle_dropped(std::span<Batch* const> in_transaction, const std::string& why,
+                      rd_kafka_resp_err_t code = RD_KAFKA_RESP_ERR_NO_ERROR, bool drop = true) {
+    if (drop) drop_transactional(why, code);
+    for (Batch* b : in_transaction) {
+      b->settled.emplace(b->results.size(),
+                         Outcome::deferred("kafka transaction not completed, the lanes are taken over again: " + why));
+    }
   }
-  std::vector<Outcome> failed_transaction(std::size_t n, const std::string& where, const rd_kafka_error_t* error) {
-    return dropped_transaction(n, where + ": " + describe(error), rd_kafka_error_code(error));
+  void settle_failed(std::span<Batch* const> in_transaction, const std::string& where, const rd_kafka_error_t* error) {
+    settle_dropped(in_transaction, where + ": " + describe(error), rd_kafka_error_code(error));
   }
 
   void test_hold(const char* point, std::size_t n) {
@@ -1016,73 +1031,82 @@ struct KafkaSinkImpl final : public KafkaSink {
   struct TransactionTimes {
     SteadyClock::time_point started, produced, flushed, committed;
   };
-  void log_committed(std::span<const Event* const> events, const TransactionTimes& t) const {
+  void log_committed(const Batch& first, const Batch& last, std::size_t n, std::size_t batches_in,
+                     const TransactionTimes& t) const {
     const auto ms = [](SteadyClock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
     log::debug("kafka transaction committed", {{"sink", name()},
-                                               {"events", events.size()},
-                                               {"first_id", events.front()->id},
-                                               {"last_id", events.back()->id},
+                                               {"events", n},
+                                               {"batches", batches_in},
+                                               {"first_id", first.ids.front()},
+                                               {"last_id", last.ids.back()},
                                                {"produce_ms", ms(t.produced - t.started)},
                                                {"flush_ms", ms(t.flushed - t.produced)},
                                                {"commit_ms", ms(t.committed - t.flushed)}});
   }
 
-  // The outcomes of a committed transaction: its produced events are in Kafka (and in the ledger
-  // from now on). Thread: under mutex.
-  std::vector<Outcome> committed_outcomes(std::span<const Event* const> events, Batch batch,
-                                          const std::vector<bool>& produced, EventId hw) {
+  // A batch of a committed transaction: its produced events are in Kafka (and in the ledger from
+  // now on). Thread: under mutex.
+  void settle_committed(Batch& batch) {
     auto& results = batch.results;
     std::vector<Outcome> outcomes;
-    outcomes.reserve(events.size());
+    outcomes.reserve(results.size());
     {
       std::lock_guard ledger_lock(ledger_mutex);
-      for (std::size_t i = 0; i < events.size(); ++i) {
-        if (produced[i]) {
-          ledger.insert(events[i]->id);
+      for (std::size_t i = 0; i < results.size(); ++i) {
+        if (batch.sent[i]) {
+          ledger.insert(batch.ids[i]);
           outcomes.push_back(Outcome::delivered());
         } else {
           outcomes.push_back(results[i] ? std::move(*results[i]) : Outcome::retry("not produced"));
         }
       }
-      high_water = std::max(high_water, hw);
     }
-    reachable = true;
     log_batch("kafka", name(), outcomes);
-    return outcomes;
+    batch.settled = std::move(outcomes);
   }
 
-  // Aborted: nothing of the transaction is visible. An event its delivery report called permanent
-  // is dead-lettered; the others retry. Thread: under mutex.
-  std::vector<Outcome> aborted_outcomes(Batch batch, const std::vector<bool>& produced, const std::string& why) {
+  // A batch of an aborted transaction: nothing of it is visible. An event its delivery report
+  // called permanent is dead-lettered; the others retry. Thread: under mutex.
+  void settle_aborted(Batch& batch, const std::string& why) {
     auto& results = batch.results;
     std::vector<Outcome> outcomes;
     outcomes.reserve(results.size());
     for (std::size_t i = 0; i < results.size(); ++i) {
-      const bool keep = results[i] && (!produced[i] || results[i]->kind == OutcomeKind::kPermanent);
+      const bool keep = results[i] && (!batch.sent[i] || results[i]->kind == OutcomeKind::kPermanent);
       outcomes.push_back(keep ? std::move(*results[i]) : Outcome::retry("kafka transaction aborted: " + why));
     }
-    log::warn("kafka transaction aborted; its events retry",
-              {{"sink", name()}, {"error", why}, {"events", results.size()}});
     log_batch("kafka", name(), outcomes);
-    return outcomes;
+    batch.settled = std::move(outcomes);
   }
 
-  std::vector<Outcome> publish_transaction(std::span<const Event* const> events) {
-    std::unique_lock lock(mutex);
+  // Exactly once: a batch goes into the open transaction, begun by the first submit() after the
+  // last one ended. In a drain the loop submits batch k+1 before it collects k (its window of two
+  // batches), so one transaction carries both: half the transactions, each of which costs the
+  // broker 4-10 ms of CPU and the sink about four round trips (bench/RESULTS.md, "Kafka exactly
+  // once, where the time went"). The first collect() of a batch in it ends the transaction for all
+  // of them (end_transaction()). Keys: the loop never submits an event while an earlier event of
+  // its key is uncollected, so no key has events in two submissions of one transaction; the next
+  // transaction begins after this one's commit returned (docs/design.md, "Exactly once into
+  // Kafka", 6).
+  void submit_transaction(std::span<const Event* const> events) {
     const std::size_t n = events.size();
-    if (!ensure_producer()) {
-      needs_takeover = true;
-      return std::vector<Outcome>(n, Outcome::deferred("kafka exactly once: waiting for the takeover of the lanes"));
-    }
-    rd_kafka_t* rk = producer->rk.get();
+    // A producer found failed between transactions is dropped here; inside one, end_transaction()
+    // finds it failed and settles the whole transaction.
+    const bool have_producer = txn_open || ensure_producer();
     Batch& batch = open_batch(n);
-    const auto started = batch.started;
-    const auto deadline = batch.deadline;
+    if (!have_producer) {
+      needs_takeover = true;
+      batch.settled.emplace(n, Outcome::deferred("kafka exactly once: waiting for the takeover of the lanes"));
+      return;
+    }
+    batch.ids.reserve(n);
+    for (const Event* e : events) batch.ids.push_back(e->id);
+    batch.sent.assign(n, false);
     std::size_t skipped = 0;
     {
       std::lock_guard ledger_lock(ledger_mutex);
       for (std::size_t i = 0; i < n; ++i) {
-        if (ledger.count(events[i]->id) > 0) {
+        if (ledger.count(batch.ids[i]) > 0) {
           batch.results[i] = Outcome::delivered();  // committed in an earlier transaction, not yet marked
           ++skipped;
         }
@@ -1090,15 +1114,46 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
     eos.already_committed += skipped;
     if (skipped == n) {
-      close_batch();
-      return std::vector<Outcome>(n, Outcome::delivered());
+      batch.settled.emplace(n, Outcome::delivered());
+      return;
     }
-    if (ErrorPtr failed(rd_kafka_begin_transaction(rk)); failed) {
-      close_batch();
-      return failed_transaction(n, "begin_transaction", failed.get());
+    if (!txn_open) {
+      if (ErrorPtr failed(rd_kafka_begin_transaction(producer->rk.get())); failed) {
+        Batch* only[] = {&batch};
+        settle_failed(only, "begin_transaction", failed.get());
+        return;
+      }
+      txn_open = true;
     }
-    std::vector<bool> produced(n, false);
-    bool fatal = produce_events(batch, events, &produced);
+    // A producer dropped meanwhile, or a fatal error in this transaction: nothing more goes in; its
+    // end settles every batch of it.
+    if (!producer || !txn_fatal.empty()) return;
+    if (produce_events(batch, events, &batch.sent)) txn_fatal = "fatal producer error: " + fatal_reason;
+    batch.produced = SteadyClock::now();
+  }
+
+  // Ends the open transaction: the progress mark, a flush, the commit (or the abort); settles every
+  // batch in it. Thread: under mutex.
+  void end_transaction() {
+    std::vector<Batch*> in_transaction;
+    std::size_t n = 0;
+    for (Batch& b : batches) {
+      if (b.settled) continue;
+      in_transaction.push_back(&b);
+      n += b.results.size();
+    }
+    txn_open = false;
+    const std::string fatal_why = std::exchange(txn_fatal, {});
+    if (in_transaction.empty()) return;
+    if (!producer) {
+      settle_dropped(in_transaction, "the transactional producer was dropped (a fatal error or a fence)",
+                     RD_KAFKA_RESP_ERR_NO_ERROR, /*drop=*/false);
+      return;
+    }
+    rd_kafka_t* rk = producer->rk.get();
+    Batch& first = *in_transaction.front();
+    Batch& last = *in_transaction.back();
+    const auto deadline = first.deadline;
     std::vector<EventId> mark_ids;
     EventId hw = 0;
     {
@@ -1106,12 +1161,15 @@ struct KafkaSinkImpl final : public KafkaSink {
       mark_ids.assign(ledger.begin(), ledger.end());
       hw = high_water;
     }
-    for (std::size_t i = 0; i < n; ++i) {
-      if (!produced[i]) continue;
-      mark_ids.push_back(events[i]->id);
-      hw = std::max(hw, events[i]->id);
+    for (const Batch* b : in_transaction) {
+      for (std::size_t i = 0; i < b->ids.size(); ++i) {
+        if (!b->sent[i]) continue;
+        mark_ids.push_back(b->ids[i]);
+        hw = std::max(hw, b->ids[i]);
+      }
     }
     std::sort(mark_ids.begin(), mark_ids.end());
+    bool fatal = !fatal_why.empty();
     std::string mark_error;
     if (!fatal) {
       const std::string value = mark_value(mark_ids, hw);
@@ -1119,12 +1177,12 @@ struct KafkaSinkImpl final : public KafkaSink {
       do {
         // A full queue (the events just produced fill it): serve delivery reports and try again.
         if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) rd_kafka_poll(rk, 10);
-        err =
-            rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(progress_topic.c_str()), RD_KAFKA_V_PARTITION(kGroupPartition),
-                              RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                              RD_KAFKA_V_KEY(kGroupKey, std::char_traits<char>::length(kGroupKey)),
-                              RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
-                              RD_KAFKA_V_OPAQUE(message_tag(batch.generation, n)), RD_KAFKA_V_END);  // n: not an event
+        err = rd_kafka_producev(rk, RD_KAFKA_V_TOPIC(progress_topic.c_str()), RD_KAFKA_V_PARTITION(kGroupPartition),
+                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                RD_KAFKA_V_KEY(kGroupKey, std::char_traits<char>::length(kGroupKey)),
+                                RD_KAFKA_V_VALUE(const_cast<char*>(value.data()), value.size()),
+                                // index n of the newest batch of n: not an event
+                                RD_KAFKA_V_OPAQUE(message_tag(last.generation, last.results.size())), RD_KAFKA_V_END);
       } while (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && SteadyClock::now() < deadline);
       fatal = err != RD_KAFKA_RESP_ERR_NO_ERROR;
       if (fatal) {
@@ -1147,31 +1205,46 @@ struct KafkaSinkImpl final : public KafkaSink {
         if (!failed || !rd_kafka_error_is_retriable(failed.get()) || tries >= 3) break;
       }
     }
-    Batch closed = close_batch();  // its late reports are ignored from now on
     if (!fatal && !failed) {
       test_hold("after_commit", n);
       ++eos.committed;
       std::swap(producer, spare);  // the next transaction on the other id: no wait for this one's markers
-      log_committed(events, {started, produced_at, flushed_at, SteadyClock::now()});
-      return committed_outcomes(events, std::move(closed), produced, hw);
+      log_committed(first, last, n, in_transaction.size(),
+                    {first.started, produced_at, flushed_at, SteadyClock::now()});
+      for (Batch* b : in_transaction) settle_committed(*b);
+      {
+        std::lock_guard ledger_lock(ledger_mutex);
+        high_water = std::max(high_water, hw);
+      }
+      reachable = true;
+      return;
     }
     if (fatal || !rd_kafka_error_txn_requires_abort(failed.get())) {
       // Fatal, or a commit whose outcome is in doubt: the takeover's mark says which.
-      if (failed) return failed_transaction(n, "commit_transaction", failed.get());
-      return dropped_transaction(n, mark_error.empty() ? "fatal producer error: " + fatal_reason : mark_error);
+      if (failed) return settle_failed(in_transaction, "commit_transaction", failed.get());
+      return settle_dropped(in_transaction, mark_error.empty() ? fatal_why : mark_error);
     }
     const std::string why = describe(failed.get());
     if (ErrorPtr abort_failed(rd_kafka_abort_transaction(rk, -1)); abort_failed) {
-      return failed_transaction(n, "abort_transaction", abort_failed.get());
+      return settle_failed(in_transaction, "abort_transaction", abort_failed.get());
     }
     ++eos.aborted;
-    if (closed.mark_report != RD_KAFKA_RESP_ERR_NO_ERROR) {
+    if (last.mark_report != RD_KAFKA_RESP_ERR_NO_ERROR) {
       // Not the events' fault (the progress topic deleted, not writable): the sink's, until a
       // takeover finds the topic again.
-      return dropped_transaction(n, "the progress mark was not delivered: " + error_text(closed.mark_report));
+      return settle_dropped(in_transaction, "the progress mark was not delivered: " + error_text(last.mark_report));
     }
     std::swap(producer, spare);
-    return aborted_outcomes(std::move(closed), produced, why);
+    log::warn("kafka transaction aborted; its events retry", {{"sink", name()}, {"error", why}, {"events", n}});
+    for (Batch* b : in_transaction) settle_aborted(*b, why);
+  }
+
+  // Exactly once: the oldest batch's outcomes, ending its transaction first if it is still open.
+  std::vector<Outcome> collect_transaction() {
+    if (batches.empty()) return {};
+    if (!batches.front().settled) end_transaction();
+    Batch batch = close_batch();
+    return std::move(*batch.settled);
   }
 
   bool usable() const override {

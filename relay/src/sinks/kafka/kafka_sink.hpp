@@ -37,8 +37,9 @@ class KafkaSink : public NamedSink {
 // config.key_path if librdkafka rejects the configuration. Unreachable brokers are not an
 // error here: usable() stays false until a broker answers.
 // publish(): produces the whole batch, then serves delivery reports until every event has an
-// outcome or delivery_timeout passes (undecided events: kRetry). Without exactly_once the sink is
-// pipelined (submit() produces, collect() waits for the oldest batch's reports; publish() is both). Blocks at most
+// outcome or delivery_timeout passes (undecided events: kRetry). The sink is pipelined: submit() produces, collect()
+// waits for the oldest batch's reports (exactly once: ends the open transaction, which holds every batch submitted
+// since the last one ended); publish() is both. Blocks at most
 // about delivery_timeout. A fatal producer error fails the whole batch with kRetry and replaces the producer. usable():
 // true while the producer is healthy and a broker connection is up (from librdkafka's statistics, refreshed every
 // second, also between batches). Thread-safe, lock-free. flush(): waits up to timeout for messages still queued in
