@@ -6,6 +6,9 @@ same broker, Postgres and relay binary. Run through bench/kafka/run.sh --eos.
          at-least-once / exactly-once for --rounds rounds, median; the ratio eos / alo (target
          >= 0.7). Each drain is checked: every event in the topic once, as a read_committed
          consumer sees it. The broker's CPU (utime+stime of its JVM) per event of each drain.
+  --relay-bin-old B: also an exactly-once drain with binary B in each round (mode old-eos<N>, the
+         first of --eos-batch-sizes), and the ratio of the two exactly-once drains: a before/after
+         in one run, each beside the same at-least-once reference.
   steady: --latency-rate events/s for --latency-seconds from 8 writers into an idle relay; a
          consumer (isolation.level=read_committed) reads the topic live; commit-to-consumer per
          event = when the consumer got it - when the writer's COMMIT returned (same machine's
@@ -55,12 +58,13 @@ class Run:
         time.sleep(0.5)
 
     def batch_size(self, mode):
-        """alo: --batch-size; eos<N>: N (eos alone: --batch-size)."""
+        """alo: --batch-size; eos<N> (or old-eos<N>): N (eos alone: --batch-size)."""
+        mode = mode.removeprefix("old-")
         return int(mode[3:]) if mode.startswith("eos") and mode[3:] else self.a.batch_size
 
     def sink(self, mode, topic):
         s = {"name": "kafka", "type": "kafka", "brokers": self.a.brokers, "topic": topic}
-        if mode.startswith("eos"):
+        if mode.removeprefix("old-").startswith("eos"):
             s.update({"exactly_once": True, "transactional_id": "bench-eos-" + uuid.uuid4().hex[:8]})
             if self.a.eos_properties:
                 s["properties"] = dict(kv.split("=", 1) for kv in self.a.eos_properties.split(";"))
@@ -94,7 +98,8 @@ class Run:
         topic = f"bench.eos.drain.{mode}.{rnd}"
         self.create_topic(topic)
         cpu0 = self.broker_cpu()
-        r = timed_drain(self.a.url, self.a.relay_bin, self.work, mode, self.sink(mode, topic), self.a.events,
+        relay_bin = self.a.relay_bin_old if mode.startswith("old-") else self.a.relay_bin
+        r = timed_drain(self.a.url, relay_bin, self.work, mode, self.sink(mode, topic), self.a.events,
                         self.batch_size(mode), self.logs / f"relay-drain-{mode}-{rnd}.log",
                         log_level=self.a.relay_log_level)
         cpu1 = self.broker_cpu()
@@ -163,6 +168,8 @@ class Run:
                                      text=True).stdout.strip(),
                "config": {k: v for k, v in vars(self.a).items() if k != "url"}, "rounds": []}
         modes = ["alo"] + [f"eos{n}" for n in self.a.eos_batch_sizes.split(",")]
+        if self.a.relay_bin_old:
+            modes.append("old-" + modes[1])
         log("warm-up: an unmeasured at-least-once and exactly-once drain of 50,000")
         events, self.a.events = self.a.events, 50_000
         for mode in modes[:2]:
@@ -181,6 +188,11 @@ class Run:
         out["modes"] = modes
         out["drain_median"] = med
         out["drain_ratio_over_alo"] = {m: round(med[m] / med["alo"], 3) for m in modes[1:]} if med["alo"] else None
+        if self.a.relay_bin_old:
+            # Per round, then the median: each pair drained minutes apart, in the same VM phase.
+            pairs = [r[modes[1]]["rate"] / r[modes[-1]]["rate"] for r in out["rounds"] if r[modes[-1]]["rate"]]
+            out["eos_over_old_eos"] = {"median": round(statistics.median(pairs), 3) if pairs else None,
+                                       "per_round": [round(x, 3) for x in pairs]}
         out["broker_cpu_us_per_event_drain"] = {
             m: statistics.median([r[m]["broker_cpu_us_per_event"] for r in out["rounds"]] or [0]) for m in modes}
         for mode in modes[:2]:
@@ -224,6 +236,8 @@ def main():
     p.add_argument("--brokers", required=True)
     p.add_argument("--broker-pid-file", required=True)
     p.add_argument("--relay-bin", required=True)
+    p.add_argument("--relay-bin-old", default="",
+                   help="a second relay binary: its exactly-once drain in the same rounds (a before/after)")
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--events", type=int, default=200_000)
@@ -249,6 +263,8 @@ def main():
     m = r["drain_median"]
     print(f"drain of {a.events} (median, events/s): {m}; over at least once {r['drain_ratio_over_alo']} "
           f"(target >= 0.7); broker CPU us/event {r['broker_cpu_us_per_event_drain']}")
+    if "eos_over_old_eos" in r:
+        print(f"exactly once, this binary over --relay-bin-old, per round and median: {r['eos_over_old_eos']}")
     for mode in r["modes"][:2]:
         s = r[f"steady_{mode}"]
         c = s["commit_to_consumer_ms"]
