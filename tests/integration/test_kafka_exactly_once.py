@@ -135,19 +135,40 @@ def test_config_keys_are_checked(db, workdir):
         assert key in proc.stderr, (extra, proc.stderr)
 
 
-@pytest.mark.parametrize("readback", [True, False], ids=["readback", "mutant-no-readback"])
-def test_kill_after_kafka_commit_before_the_postgres_mark(db, relays, kafka_broker, readback):
+def hold_config(db, broker, point: str, batches: int, **sink_extra):
+    """A relay config and environment that stop the first transaction of at least 50 events and
+    `batches` batches at `point`; with 2, batches of 100 (a drain's two-batch transaction)."""
+    config = relay_config(db, broker, "outbox.{topic}", **sink_extra)
+    env = {"OUTBOX_RELAY_TEST_EOS_HOLD": point}
+    if batches > 1:
+        config["relay"]["batch_size"] = 100
+        env["OUTBOX_RELAY_TEST_EOS_HOLD_BATCHES"] = str(batches)
+    return config, env
+
+
+def hold_rows(row_topic: str, batches: int) -> list:
+    """One poll's batch of 300 over 10 keys, or a backlog of 3,000 over 1,000 keys (consecutive
+    batches of 100 share no key: two go into one transaction)."""
+    if batches > 1:
+        return [(row_topic, f"k{i % 1000}", {"n": i}) for i in range(3000)]
+    return [(row_topic, f"k{i % 10}", {"n": i}) for i in range(300)]
+
+
+@pytest.mark.parametrize("readback,batches", [(True, 1), (False, 1), (True, 2)],
+                         ids=["readback", "mutant-no-readback", "readback-two-batches"])
+def test_kill_after_kafka_commit_before_the_postgres_mark(db, relays, kafka_broker, readback, batches):
     """kill -9 between the Kafka commit and the Postgres mark: the next relay finds the batch in
-    the mark and marks it without producing. With the read-back switched off (test only) the
-    same kill gives duplicates: the test can fail."""
+    the mark and marks it without producing (two-batches: a transaction of two batches, both
+    found). With the read-back switched off (test only) the same kill gives duplicates: the test
+    can fail."""
     row_topic = unique("eos-commit")
     kafka_topic = "outbox." + row_topic
     kafka_broker.create_topic(kafka_topic, partitions=4)
-    config = relay_config(db, kafka_broker, "outbox.{topic}")
-    first = relays(config, env={"OUTBOX_RELAY_TEST_EOS_HOLD": "after_commit"})
+    config, hold_env = hold_config(db, kafka_broker, "after_commit", batches)
+    first = relays(config, env=hold_env)
     first.wait_log("kafka takeover: producer initialised")
-    ids = db.insert([(row_topic, f"k{i % 10}", {"n": i}) for i in range(300)])
-    first.wait_log("eos test hold after_commit")
+    ids = db.insert(hold_rows(row_topic, batches))
+    held = first.wait_log("eos test hold after_commit")
     first.kill()
     assert pending(db) > 0, "the held batch is committed in Kafka but not marked in Postgres"
     env = {} if readback else {"OUTBOX_RELAY_TEST_EOS_NO_READBACK": "1"}
@@ -162,6 +183,8 @@ def test_kill_after_kafka_commit_before_the_postgres_mark(db, relays, kafka_brok
         skipped = metric(text, 'outbox_relay_kafka_events_already_committed_total{sink="kafka"}')
         assert skipped > 0, "the held batch was marked delivered without producing it again"
         assert skipped >= 50  # the held batch: at least 50 events (OUTBOX_RELAY_TEST_EOS_HOLD)
+        if batches > 1:
+            assert held["batches"] == 2 and skipped >= held["events"] > 100, (held, skipped)
         assert metric(text, 'outbox_relay_kafka_transactions_total{outcome="committed",sink="kafka"}') is not None
         assert metric(text, 'outbox_relay_kafka_producers_fenced_total{sink="kafka"}') == 0
         print(f"\nafter the kill: {skipped:.0f} events found in the mark, not produced again")
@@ -171,17 +194,19 @@ def test_kill_after_kafka_commit_before_the_postgres_mark(db, relays, kafka_brok
         print(f"\nmutant (no read-back): {result['duplicates']} duplicates")
 
 
-def test_kill_between_produce_and_commit_aborts_at_once(db, relays, kafka_broker):
-    """kill -9 with a transaction open: the next relay's init aborts it (no wait for
-    transaction.timeout.ms) and publishes the batch once."""
+@pytest.mark.parametrize("batches", [1, 2], ids=["one-batch", "two-batches"])
+def test_kill_between_produce_and_commit_aborts_at_once(db, relays, kafka_broker, batches):
+    """kill -9 with a transaction open (of one batch, or a drain's two): the next relay's init
+    aborts it (no wait for transaction.timeout.ms) and publishes the batches once."""
     row_topic = unique("eos-open")
     kafka_topic = "outbox." + row_topic
     kafka_broker.create_topic(kafka_topic, partitions=4)
-    config = relay_config(db, kafka_broker, "outbox.{topic}", transaction_timeout="60s")
-    first = relays(config, env={"OUTBOX_RELAY_TEST_EOS_HOLD": "before_commit"})
+    config, hold_env = hold_config(db, kafka_broker, "before_commit", batches, transaction_timeout="60s")
+    first = relays(config, env=hold_env)
     first.wait_log("kafka takeover: producer initialised")
-    ids = db.insert([(row_topic, f"k{i % 10}", {"n": i}) for i in range(300)])
-    first.wait_log("eos test hold before_commit")
+    ids = db.insert(hold_rows(row_topic, batches))
+    held = first.wait_log("eos test hold before_commit")
+    assert held["batches"] == batches
     first.kill()
     started = time.monotonic()
     relays(config)

@@ -1018,12 +1018,19 @@ struct KafkaSinkImpl final : public KafkaSink {
     settle_dropped(in_transaction, where + ": " + describe(error), rd_kafka_error_code(error));
   }
 
-  void test_hold(const char* point, std::size_t n) {
+  // Holds the first transaction of at least 50 events (and of at least
+  // OUTBOX_RELAY_TEST_EOS_HOLD_BATCHES batches, default 1) at `point`.
+  void test_hold(const char* point, std::size_t n, std::size_t batches_in) {
     static std::atomic<bool> held{false};
-    if (test_hold_point() != point || n < 50 || held.exchange(true)) return;
+    static const std::size_t min_batches = [] {
+      const char* v = std::getenv("OUTBOX_RELAY_TEST_EOS_HOLD_BATCHES");
+      return v ? static_cast<std::size_t>(std::max(1, std::atoi(v))) : std::size_t{1};
+    }();
+    if (test_hold_point() != point || n < 50 || batches_in < min_batches || held.exchange(true)) return;
     const char* seconds = std::getenv("OUTBOX_RELAY_TEST_EOS_HOLD_SECONDS");
     const int hold = seconds ? std::atoi(seconds) : 120;
-    log::warn(std::string("eos test hold ") + point, {{"sink", name()}, {"events", n}, {"seconds", hold}});
+    log::warn(std::string("eos test hold ") + point,
+              {{"sink", name()}, {"events", n}, {"batches", batches_in}, {"seconds", hold}});
     std::this_thread::sleep_for(std::chrono::seconds(hold));
   }
 
@@ -1195,7 +1202,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     const auto produced_at = SteadyClock::now();
     if (!fatal) rd_kafka_flush(rk, clamp_ms(deadline - SteadyClock::now()));
     const auto flushed_at = SteadyClock::now();
-    test_hold("before_commit", n);
+    test_hold("before_commit", n, in_transaction.size());
     ErrorPtr failed;
     if (!fatal) {
       // -1: the remaining transaction time (other values risk librdkafka's state, rdkafka.h).
@@ -1206,7 +1213,7 @@ struct KafkaSinkImpl final : public KafkaSink {
       }
     }
     if (!fatal && !failed) {
-      test_hold("after_commit", n);
+      test_hold("after_commit", n, in_transaction.size());
       ++eos.committed;
       std::swap(producer, spare);  // the next transaction on the other id: no wait for this one's markers
       log_committed(first, last, n, in_transaction.size(),
