@@ -906,9 +906,12 @@ class Bench:
                     # slower: one unmeasured drain and tool run of a quarter of the events.
                     events, self.a.events = self.a.events, self.a.warmup_events or max(1000, self.a.events // 4)
                     try:
-                        log(f"{name}: warm-up ({self.a.events} events, not measured)")
-                        self.measure(broker, "sink", 0, payloads)
-                        self.measure(broker, "tool", 0, payloads)
+                        for w in range(self.a.warmup_rounds):
+                            log(f"{name}: warm-up {w + 1}/{self.a.warmup_rounds} ({self.a.events} events, not measured)")
+                            x = self.measure(broker, "sink", 0, payloads)
+                            if x.get("cpu", {}).get("broker_threads_cpu_seconds"):
+                                log(f"  broker threads (s): {json.dumps(x['cpu']['broker_threads_cpu_seconds'])}")
+                            self.measure(broker, "tool", 0, payloads)
                     except Exception as e:  # the measured rounds report their own failures
                         log(f"  warm-up failed: {e!r}")
                     finally:
@@ -1132,6 +1135,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
+    p.add_argument("--warmup-rounds", type=int, default=1,
+                   help="warm-up drains and tool runs before the rounds (a JVM broker's JIT keeps compiling)")
     p.add_argument("--warmup-events", type=int, default=0,
                    help="events of the unmeasured warm-up drain and tool run (default a quarter of --events)")
     p.add_argument("--steady", action=argparse.BooleanOptionalAction, default=True)
