@@ -30,6 +30,12 @@ gives commit-to-ack (the broker's LogAppendTime), as bench/kafka/bench.py does.
 to CPU 1 once started; Postgres, this script and what it starts (the relay, the tools) to CPU 0.
 The broker then takes none of the cores the relay and Postgres use, as on its own host.
 
+Kafka diagnosis (issue 45): --kafka-variants adds more kafka drains per round (their own sink
+properties or batch_size; file drains and ProducerPerformance runs with other settings too),
+--kafka-batches counts the record batches each run left in the broker (DumpLogSegments, outside
+the CPU window), --kafka-jfr records the broker with JFR; every CPU window also splits the broker's
+CPU by thread name (request handlers, network threads, the JIT's compiler threads, GC).
+
 Prints a table and writes one JSON file (--out)."""
 from __future__ import annotations
 
@@ -152,6 +158,25 @@ class CpuWindow:
     def __init__(self, postmaster, broker_pid):
         self.postmaster, self.broker_pid = postmaster, broker_pid
 
+    def threads(self):
+        """The broker's CPU seconds per thread name (/proc/<pid>/task/*/stat: a JVM's threads, the
+        name cut to 15 characters, numbers dropped so a pool counts as one)."""
+        out = {}
+        try:
+            tids = os.listdir(f"/proc/{self.broker_pid}/task")
+        except (FileNotFoundError, ProcessLookupError):
+            return out
+        for tid in tids:
+            try:
+                with open(f"/proc/{self.broker_pid}/task/{tid}/stat") as f:
+                    raw = f.read()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            name = re.sub(r"[0-9#-]+$", "", raw[raw.index("(") + 1:raw.rindex(")")]).strip()
+            g = raw[raw.rindex(")") + 2:].split()
+            out[name] = out.get(name, 0.0) + (int(g[11]) + int(g[12])) / HZ
+        return out
+
     def snapshot(self):
         stats = all_stats()
         me, children = own_cpu_seconds()
@@ -163,17 +188,23 @@ class CpuWindow:
     def __enter__(self):
         time.sleep(0.05)  # let exited backends of the previous step be reaped
         self.a = self.snapshot()
+        self.threads_a = self.threads() if self.broker_pid else {}
         return self
 
     def __exit__(self, *exc):
         time.sleep(0.05)
         b = self.snapshot()
         d = {k: b[k] - self.a[k] for k in b}
+        threads_b = self.threads() if self.broker_pid else {}
         foreign = max(0.0, d["machine"] - d["pg"] - d["broker"] - d["me"] - d["children"])
         self.result = {"wall_seconds": round(d["t"], 3), "postgres_cpu_seconds": round(d["pg"], 2),
                        "broker_cpu_seconds": round(d["broker"], 2), "measured_cpu_seconds": round(d["children"], 2),
                        "foreign_cpu_seconds": round(foreign, 2),
                        "foreign_cores": round(foreign / d["t"], 2) if d["t"] > 0 else None}
+        if threads_b:
+            deltas = {k: v - self.threads_a.get(k, 0.0) for k, v in threads_b.items()}
+            self.result["broker_threads_cpu_seconds"] = {
+                k: round(v, 2) for k, v in sorted(deltas.items(), key=lambda kv: -kv[1]) if v >= 0.01}
         return False
 
 
@@ -243,7 +274,38 @@ class Kafka:
     def sink(self, tag, steady=False):
         topic = f"bench.{tag}"
         self.create_topic(topic, {"message.timestamp.type": "LogAppendTime"} if steady else None)
-        return {"name": "kafka", "type": "kafka", "brokers": self.brokers, "topic": topic}
+        entry = {"name": "kafka", "type": "kafka", "brokers": self.brokers, "topic": topic}
+        if self.a.kafka_properties:
+            entry["properties"] = json.loads(self.a.kafka_properties)
+        return entry
+
+    def batches(self, tag):
+        """The record batches the broker holds for bench.<tag> (kafka.tools.DumpLogSegments over
+        each partition's log): batches, records and bytes; librdkafka sends one produce request
+        per partition's batch, so batches are also its produce requests."""
+        n = records = size = 0
+        for d in sorted((self.dir / "data").glob(f"bench.{tag}-*")):
+            files = sorted(str(f) for f in d.glob("*.log"))
+            if not files:
+                continue
+            out = run_out([str(BROKER_SH), "run-class", "kafka.tools.DumpLogSegments", "--files", ",".join(files)])
+            for line in out.splitlines():
+                m = re.search(r"\bcount: (\d+) .*\bsize: (\d+)", line)
+                if line.startswith("baseOffset") and m:
+                    n += 1
+                    records += int(m.group(1))
+                    size += int(m.group(2))
+        return {"batches": n, "records": records, "records_per_batch": round(records / n, 1) if n else None,
+                "bytes_per_record": round(size / records, 1) if records else None}
+
+    def jfr_start(self, name):
+        if self.a.kafka_jfr:
+            run_out(["jcmd", str(self.pid), "JFR.start", f"name={name}", f"settings={self.a.kafka_jfr_settings}",
+                     f"filename={Path(self.a.kafka_jfr) / (name + '.jfr')}"])
+
+    def jfr_stop(self, name):
+        if self.a.kafka_jfr:
+            run_out(["jcmd", str(self.pid), "JFR.stop", f"name={name}"])
 
     def count(self, tag):
         from confluent_kafka import Consumer as KConsumer, TopicPartition
@@ -258,7 +320,7 @@ class Kafka:
     def drop(self, tag):
         self.admin.delete_topics([f"bench.{tag}"])[f"bench.{tag}"].result(timeout=60)
 
-    def tool(self, tag, payloads):
+    def tool(self, tag, payloads, extra_props=""):
         """ProducerPerformance (kafka-producer-perf-test) with acks=all and idempotence, the
         seeded payloads (--payload-file), into a topic with the drain's partitions; the producer
         settings are bench/kafka/bench.py's broker ceiling."""
@@ -267,14 +329,18 @@ class Kafka:
                "--num-records", str(self.a.events), "--throughput", "-1", "--payload-file", str(payloads["lines"]),
                "--producer-props", f"bootstrap.servers={self.brokers}", "acks=all", "enable.idempotence=true",
                "linger.ms=5", "batch.size=1000000", "max.in.flight.requests.per.connection=5"]
-        out = run_out(cmd)
+        cmd += shlex.split(self.a.kafka_tool_props) + shlex.split(extra_props)
+        self.jfr_start(tag)
+        try:
+            out = run_out(cmd)
+        finally:
+            self.jfr_stop(tag)
         line = next((x for x in reversed(out.splitlines()) if "records sent" in x), None)
         # "200000 records sent, 43563.5 records/sec (4.15 MB/sec), 1285.84 ms avg latency, ..."
         rate = float(line.split(",")[1].split()[0])
         n = self.count(tag)
-        self.drop(tag)
         return {"rate": rate, "summary": line.strip(), "in_broker": n, "valid": n == self.a.events,
-                "command": " ".join(cmd[1:])}
+                "command": " ".join(cmd[1:]), "_tag": tag}  # measure() drops it
 
     def consume(self, tag):
         from confluent_kafka import Consumer as KConsumer, OFFSET_BEGINNING, TopicPartition
@@ -355,7 +421,7 @@ class Nats:
     def drop(self, tag):
         self.js_call(lambda js: js.delete_stream(f"BENCH_{tag}"))
 
-    def tool(self, tag, payloads):
+    def tool(self, tag, payloads, extra_props=""):
         """nats bench js pub async: JetStream publishes acknowledged asynchronously, --batch
         outstanding at most (the sink's max_in_flight), a message id per message (the sink sets
         Nats-Msg-Id), into a file-storage stream it creates; one seeded payload as the body."""
@@ -434,7 +500,7 @@ class Rabbitmq:
         finally:
             conn.close()
 
-    def tool(self, tag, payloads):
+    def tool(self, tag, payloads, extra_props=""):
         """PerfTest: one producer, no consumer, publisher confirms with at most the sink's
         max_in_flight unconfirmed, persistent and mandatory messages of the seeded payloads' mean
         size, into the same kind of exchange and durable classic queue as the sink (predeclared
@@ -529,7 +595,7 @@ class Redis:
     def drop(self, tag):
         self.redis.delete(f"bench.{tag}")
 
-    def tool(self, tag, payloads):
+    def tool(self, tag, payloads, extra_props=""):
         """redis-benchmark: XADD with the sink's fields (id, topic, key, payload, headers,
         created_at) and a seeded payload, one connection, -P the relay's batch_size (the sink
         sends one MULTI/XADD.../EXEC round trip per batch, on one connection)."""
@@ -598,7 +664,7 @@ class Webhook:
     def drop(self, tag):
         self.control("/reset", "POST")
 
-    def tool(self, tag, payloads):
+    def tool(self, tag, payloads, extra_props=""):
         """hey: --events POSTs of one seeded payload (application/json, with the sink's
         webhook-id and webhook-timestamp headers) to the same receiver, the sink's max_in_flight
         workers on kept-alive connections; each request answered 204.
@@ -645,6 +711,9 @@ class Bench:
         self.postmaster = int((Path(a.pg_dir) / "data" / "postmaster.pid").read_text().split()[0])
         self.compare = set(a.compare_sinks.split(",")) if a.relay_bin_old else set()
         self.seq = 0
+        # --kafka-variants: more kafka drains per round, each with its own sink properties or
+        # batch_size, beside the sink's own (system "v:<label>").
+        self.variants = {f"v:{v['label']}": v for v in json.loads(a.kafka_variants or "[]")}
 
     def tag(self, what):
         self.seq += 1
@@ -672,27 +741,49 @@ class Bench:
 
     def measure(self, broker, system, rnd, payloads):
         with CpuWindow(self.postmaster, broker.pid) as cpu:
-            if system == "tool":
-                r = broker.tool(self.tag("tool"), payloads)
+            if system == "tool" or "tool" in self.variants.get(system, {}):
+                # a "tool" variant: ProducerPerformance with more producer properties (k=v ...)
+                r = broker.tool(self.tag("tool"), payloads, self.variants.get(system, {}).get("tool", ""))
             else:
                 relay_bin = self.a.relay_bin_old if system in ("old", "old_file") else self.a.relay_bin
                 log_path = self.logs / f"relay-{broker.name}-{system}-{rnd}.log"
                 seed(self.a.url, self.a.events)
                 cpu.a = cpu.snapshot()  # the seed is not the drain's
-                if system in ("file", "old_file"):
-                    r = file_drain(self.a.url, relay_bin, self.work, self.a.events, self.a.batch_size, log_path)
+                if system in ("file", "old_file") or self.variants.get(system, {}).get("file"):
+                    r = file_drain(self.a.url, relay_bin, self.work, self.a.events,
+                                   self.variants.get(system, {}).get("batch_size", self.a.batch_size), log_path)
                 else:
                     tag = self.tag("drain")
-                    r = timed_drain(self.a.url, relay_bin, self.work, broker.name, broker.sink(tag), self.a.events,
-                                    self.a.batch_size, log_path, timeout=900)
+                    sink = broker.sink(tag)
+                    variant = self.variants.get(system, {})
+                    if "properties" in variant:
+                        sink["properties"] = {**sink.get("properties", {}), **variant["properties"]}
+                    if hasattr(broker, "jfr_start"):
+                        broker.jfr_start(tag)
+                    try:
+                        r = timed_drain(self.a.url, relay_bin, self.work, broker.name, sink, self.a.events,
+                                        variant.get("batch_size", self.a.batch_size), log_path, timeout=900)
+                    finally:
+                        if hasattr(broker, "jfr_stop"):
+                            broker.jfr_stop(tag)
+                    if variant:
+                        r["variant"] = variant
                     r["in_broker"] = broker.count(tag)
                     r["valid"] = r["valid"] and r["in_broker"] == self.a.events
-                    broker.drop(tag)
+                    r["_tag"] = tag
         r["cpu"] = cpu.result
+        # Outside the CPU window: counting the record batches runs a JVM (DumpLogSegments).
+        if "_tag" in r:
+            tag = r.pop("_tag")
+            if getattr(self.a, "kafka_batches", False) and hasattr(broker, "batches"):
+                r["batches"] = broker.batches(tag)
+            broker.drop(tag)
         return r
 
     def drains(self, broker, payloads):
         systems = ["sink", "tool", "file"] + (["old", "old_file"] if broker.name in self.compare else [])
+        if broker.name == "kafka":
+            systems += list(self.variants)
         rounds = []
         for i in range(self.a.rounds):
             order = systems[i % len(systems):] + systems[:i % len(systems)]
@@ -706,6 +797,15 @@ class Bench:
                 x = rnd[system]
                 error = f" {x['error']}" if "error" in x else ""
                 where = f" {json.dumps(x['where'])}" if x.get("where") else ""
+                if x.get("batches"):
+                    where += f" batches {json.dumps(x['batches'])}"
+                if x.get("cpu") and x.get("rate"):
+                    c, n = x["cpu"], self.a.events
+                    where += (f" us/event pg {c['postgres_cpu_seconds'] / n * 1e6:.1f} broker "
+                              f"{c['broker_cpu_seconds'] / n * 1e6:.1f} measured {c['measured_cpu_seconds'] / n * 1e6:.1f}")
+                    if c.get("broker_threads_cpu_seconds"):
+                        where += " broker threads us/event " + ", ".join(
+                            f"{k} {v / n * 1e6:.2f}" for k, v in list(c["broker_threads_cpu_seconds"].items())[:8])
                 log(f"  {x.get('rate') or 0:,.0f}/s valid={x['valid']} "
                     f"foreign load {x.get('cpu', {}).get('foreign_cores')} cores{error}{where}")
             rounds.append(rnd)
@@ -804,18 +904,21 @@ class Bench:
                 if self.a.warmup:
                     # The JVM brokers (Kafka, RabbitMQ's Erlang VM too) serve their first requests
                     # slower: one unmeasured drain and tool run of a quarter of the events.
-                    events, self.a.events = self.a.events, max(1000, self.a.events // 4)
+                    events, self.a.events = self.a.events, self.a.warmup_events or max(1000, self.a.events // 4)
                     try:
-                        log(f"{name}: warm-up ({self.a.events} events, not measured)")
-                        self.measure(broker, "sink", 0, payloads)
-                        self.measure(broker, "tool", 0, payloads)
+                        for w in range(self.a.warmup_rounds):
+                            log(f"{name}: warm-up {w + 1}/{self.a.warmup_rounds} ({self.a.events} events, not measured)")
+                            x = self.measure(broker, "sink", 0, payloads)
+                            if x.get("cpu", {}).get("broker_threads_cpu_seconds"):
+                                log(f"  broker threads (s): {json.dumps(x['cpu']['broker_threads_cpu_seconds'])}")
+                            self.measure(broker, "tool", 0, payloads)
                     except Exception as e:  # the measured rounds report their own failures
                         log(f"  warm-up failed: {e!r}")
                     finally:
                         self.a.events = events
                 if self.a.drains:
                     entry["drain_rounds"] = self.drains(broker, payloads)
-                    entry["drain_summary"] = self.summarize(entry["drain_rounds"])
+                    entry["drain_summary"] = self.summarize(entry["drain_rounds"], self.a.events)
                 for overrides in (json.loads(self.a.steady_relay) if self.a.steady else []):
                     log(f"{name}: steady {self.a.steady_rate}/s for {self.a.steady_seconds} s, relay {overrides}")
                     try:
@@ -835,9 +938,10 @@ class Bench:
         return result
 
     @staticmethod
-    def summarize(rounds):
+    def summarize(rounds, events):
         s = {}
-        for system in ("sink", "tool", "file", "old", "old_file"):
+        variants = sorted({k for r in rounds for k in r if k.startswith("v:")})
+        for system in ("sink", "tool", "file", "old", "old_file", *variants):
             xs = [r[system] for r in rounds if system in r]
             if not xs:
                 continue
@@ -850,6 +954,18 @@ class Bench:
         s["sink_over_min_tool_file_per_round"] = [
             round(r["sink"]["rate"] / min(r["tool"]["rate"], r["file"]["rate"]), 3) for r in rounds
             if all(r[k].get("valid") and r[k].get("rate") for k in ("sink", "tool", "file"))]
+        for v in variants:
+            rate = s[v]["median_rate"]
+            s[v]["over_min_tool_file"] = round(rate / min(tool, file), 3) if rate and tool and file else None
+            s[v]["over_min_tool_file_per_round"] = [
+                round(r[v]["rate"] / min(r["tool"]["rate"], r["file"]["rate"]), 3) for r in rounds
+                if all(r.get(k, {}).get("valid") and r.get(k, {}).get("rate") for k in (v, "tool", "file"))]
+            s[v]["over_sink_per_round"] = [round(r[v]["rate"] / r["sink"]["rate"], 3) for r in rounds
+                                           if r.get(v, {}).get("valid") and r["sink"].get("valid")]
+            s[v]["cpu_us_per_event"] = [  # Postgres / broker / relay
+                " / ".join(f"{r[v]['cpu'][k] / events * 1e6:.1f}" for k in
+                           ("postgres_cpu_seconds", "broker_cpu_seconds", "measured_cpu_seconds"))
+                for r in rounds if r.get(v, {}).get("valid") and r[v].get("cpu")]
         if "old" in s:
             old = s["old"]["median_rate"]
             s["new_over_old"] = round(sink / old, 3) if sink and old else None
@@ -964,6 +1080,20 @@ def table(r):
         lines.append(f"| {name} | {fmt(m['sink'])} | {fmt(m['tool'])} | {fmt(m['file'])} | "
                      f"{s.get('sink_over_min_tool_file')} | {s.get('sink_over_min_tool_file_per_round')} | "
                      f"{foreign} | {old} |")
+    for name, e in r["sinks"].items():
+        s = e.get("drain_summary", {})
+        variants = [k for k in s if k.startswith("v:")]
+        if not variants:
+            continue
+        lines += ["", f"{name} variants (--kafka-variants): median events/s, / min(tool, file) per round, "
+                      "/ the sink's drain per round, CPU us per event per round (Postgres / broker / relay)",
+                  "| variant | events/s | / min(tool, file) | per round | / sink per round | CPU us/event |",
+                  "| --- | ---: | ---: | --- | --- | --- |"]
+        for v in variants:
+            x = s[v]
+            lines.append(f"| {v[2:]} | {fmt(x['median_rate'])} | {x.get('over_min_tool_file')} | "
+                         f"{x.get('over_min_tool_file_per_round')} | {x.get('over_sink_per_round')} | "
+                         f"{'; '.join(x.get('cpu_us_per_event', []))} |")
     if any("drain_summary" in e for e in r["sinks"].values()):
         lines += cpu_table(r)
     if any("steady" in e for e in r["sinks"].values()):
@@ -1005,6 +1135,10 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=500)
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
+    p.add_argument("--warmup-rounds", type=int, default=1,
+                   help="warm-up drains and tool runs before the rounds (a JVM broker's JIT keeps compiling)")
+    p.add_argument("--warmup-events", type=int, default=0,
+                   help="events of the unmeasured warm-up drain and tool run (default a quarter of --events)")
     p.add_argument("--steady", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--steady-rate", type=int, default=1000)
     p.add_argument("--steady-relay", default="[{}]",
@@ -1020,6 +1154,21 @@ def main():
                    help="a diagnosis, not the benchmark: each broker (the webhook receiver too) pinned to CPU 1; "
                         "Postgres, the relay and the tools to CPU 0")
     p.add_argument("--kafka-partitions", type=int, default=3)
+    p.add_argument("--kafka-properties", default="",
+                   help="JSON object: the kafka sink's properties (librdkafka; override the sink's defaults)")
+    p.add_argument("--kafka-tool-props", default="",
+                   help="extra producer properties for ProducerPerformance, k=v separated by spaces (last wins)")
+    p.add_argument("--kafka-variants", default="",
+                   help='JSON list of more kafka drains per round: [{"label": "l5", "properties": {"linger.ms": '
+                        '"5"}, "batch_size": 1000}, ...]; "file": true drains to the file sink instead; "tool": "k=v ..." runs '
+                        'ProducerPerformance with those producer properties added')
+    p.add_argument("--kafka-batches", action="store_true",
+                   help="count the record batches (= librdkafka's produce requests) each kafka drain and tool "
+                        "run left in the broker (DumpLogSegments)")
+    p.add_argument("--kafka-jfr", default="",
+                   help="a directory: a JFR recording of the broker per kafka drain and tool run")
+    p.add_argument("--kafka-jfr-settings", default="profile",
+                   help="the recordings' settings: a .jfc (e.g. profile.jfc with a 1 ms java sampling period)")
     p.add_argument("--nats-in-flight", type=int, default=1024, help="the nats sink's max_in_flight (its default)")
     p.add_argument("--rabbitmq-in-flight", type=int, default=1000, help="the rabbitmq sink's max_in_flight (default)")
     p.add_argument("--webhook-in-flight", type=int, default=16, help="the webhook sink's max_in_flight (default)")
