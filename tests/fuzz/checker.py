@@ -70,11 +70,14 @@ def retry_allowance(failed_attempts: int) -> float:
 
 def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines=(), shrunk=(),
           table_uids=None, max_pairs_per_key=5, lanes=None, failures=None, dead=None, long_bytes=2600,
-          readings=None):
+          readings=None, holds=None):
     """lines: the tailer's SinkLines. table_uids (final): {uid: id} of the main table's rows now.
     failures: {uid: [monotonic times of failed attempts]}; dead: {uid: last_error} of the rows
     dead-lettered so far. readings: the relays' readings of the writers (harness.Reading; None:
-    every transaction that began after an event's commit is told apart from those open at it)."""
+    every transaction that began after an event's commit is told apart from those open at it).
+    holds: {uid: (monotonic time, why)}: the sink could not take the row before that time (its Kafka
+    topic did not exist yet, plus the retry's allowance; INF: not yet created), so it is released
+    no earlier; such a row may have failed attempts (a dead letter of a long key is accepted)."""
     res = Result()
     V = res.violations
     txns, rows, windows, truncates = ledger.snapshot()
@@ -132,14 +135,14 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         return False
 
     crow = [r for r in rows.values() if r.txn.db == "main" and r.txn.end is not None and committed(r)]
-    failures, dead = failures or {}, dead or {}
+    failures, dead, holds = failures or {}, dead or {}, holds or {}
     dead_ok = set()
     for uid, why in dead.items():
         r = rows.get(uid)
         if r is None:
             V.append(Violation("unknown_delivered", f"dead-lettered uid {uid!r}: the fuzzer wrote no such row",
                                sig=("unknown_dead", uid)))
-        elif failures.get(uid) and len(r.key.encode()) > long_bytes:
+        elif (failures.get(uid) or uid in holds) and len(r.key.encode()) > long_bytes:
             dead_ok.add(uid)
         else:
             V.append(Violation("dead_lettered", f"uid {uid} (key {_short(r.key)!r}, {len(r.key.encode())} bytes, id {r.id}, "
@@ -237,6 +240,9 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         if f and f[-1] + retry_allowance(len(f)) > x:
             x = f[-1] + retry_allowance(len(f))
             why = f"its failed attempt {len(f)} at {ledger.rel(f[-1])} and the retry's backoff"
+        h = holds.get(r.uid)
+        if h and h[0] > x:
+            x, why = h
         rel[r.uid] = x
         reason[r.uid] = why
     # A share-locked pending row stops its lane there until the lock goes (the claim skips it and
@@ -458,6 +464,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         "events_other_db": sum(1 for r in rows.values() if r.outcome == "foreign"),
         "events_delivered": sum(1 for uid in occ if rows[uid].outcome != "foreign"),
         "attempts_failed": sum(len(x) for x in failures.values()),
+        "held_by_sink": sum(1 for r in crow if r.uid in holds),
         "dead_lettered": len(dead), "dead_lettered_long_key": len(dead_ok),
         "lines": len(lines),
         "duplicates": sum(len(lst) - 1 for lst in occ.values()),

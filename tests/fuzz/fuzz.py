@@ -32,12 +32,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from checker import check  # noqa: E402
-from harness import Cluster, Receiver, RelaySlot, Tailer, make_workdir, mono, remove_workdir, run_cli  # noqa: E402
+from harness import (Cluster, KafkaBroker, KafkaReader, Receiver, RelaySlot, Tailer, make_workdir, mono,  # noqa: E402
+                     remove_workdir, run_cli)
 from ledger import INF, Ledger  # noqa: E402
-from writers import BEHAVIOURS, SETUP_SQL, Shared, Writer  # noqa: E402
+from writers import BEHAVIOURS, SETUP_SQL, TOPICS, LateTopics, Shared, Writer  # noqa: E402
 
 CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2, "relay_reload": 2}
 SINK_MODES = {"webhook": 5, "mixed": 4, "file": 1}      # name -> weight when picked from the seed
+OTHER_SINK_MODES = ["kafka"]                            # only when asked for (--sinks)
+# --sinks kafka: the sink's topic template, the row topics whose Kafka topics exist from the start
+# (every topic a writer uses but the late ones), and the batch deadline (delivery_timeout; the
+# producer's topic.metadata.propagation.max.ms is half of it: a record for a missing topic fails
+# after that).
+KAFKA_TEMPLATE = "fuzz.{topic}"
+KAFKA_TOPICS = TOPICS + ["fuzz.proc", "fuzz.fastpath"]
+KAFKA_PARTITIONS = 3
+KAFKA_DELIVERY_TIMEOUT = 1.5
+# After a late topic is ready, the relay's next attempt at an event for it comes within the failing
+# attempt's end (at most the batch deadline) plus the retry's backoff (at most 2 s).
+KAFKA_LATE_ALLOWANCE = KAFKA_DELIVERY_TIMEOUT + 2.0
 MAIN_DB, COPY_DB = "fuzz_main", "fuzz_copy"
 
 
@@ -48,9 +61,11 @@ def parse_args(argv=None):
     p.add_argument("--relay-bin", default=os.environ.get("OUTBOX_RELAY_BIN", "/tmp/relay-new/outbox-relay"))
     p.add_argument("--relays", default="1-3", help="relay count, N or A-B (picked from the seed)")
     p.add_argument("--writers", type=int, default=5, help="writer threads (default 5, at most 6)")
-    p.add_argument("--sinks", choices=SINK_MODES, default=None,
+    p.add_argument("--sinks", choices=list(SINK_MODES) + OTHER_SINK_MODES, default=None,
                    help="file: every relay a file sink; webhook: every relay a webhook whose receiver fails "
-                        "some attempts; mixed: each relay either (default: picked from the seed)")
+                        "some attempts; mixed: each relay either (default: picked from the seed among these); "
+                        "kafka: one real Kafka broker, every relay a kafka sink spreading a key's events over "
+                        "several topics, some of which are created late (tests/fuzz/README.md)")
     p.add_argument("--without", action="append", default=[], metavar="NAME",
                    help="switch a behaviour off (repeatable; also relay_kill, relay_stop, pg_restart)")
     p.add_argument("--only", default=None, metavar="NAMES",
@@ -225,6 +240,11 @@ class Fuzz:
         self._lanes = {}
         self.receiver = None
         self.dead = {}            # uid -> last_error of the rows dead-lettered so far
+        self.broker = None        # --sinks kafka: KafkaBroker, KafkaReader, the late topics
+        self.reader = None
+        self.late = None
+        self.topic_ready = {}     # late row topic -> monotonic time its Kafka topic was ready
+        self.late_thread = None
 
     # --- setup
 
@@ -253,13 +273,16 @@ class Fuzz:
         with psycopg.connect(self.copy_url, autocommit=True) as c:
             fnid_copy = c.execute("SELECT 'fuzz_fp_insert()'::regprocedure::oid").fetchone()[0]
         self.tailer.start()
-        hooks = {"file": [False] * self.nrelays, "webhook": [True] * self.nrelays,
+        hooks = {"file": [False] * self.nrelays, "webhook": [True] * self.nrelays, "kafka": [False] * self.nrelays,
                  "mixed": [i % 2 == 0 for i in range(self.nrelays)]}[self.sink_mode]
         if any(hooks):
             self.receiver = Receiver(self.tailer, self.seed).start()
+        kafka = None
+        if self.sink_mode == "kafka":
+            kafka = self.setup_kafka()
         for i in range(self.nrelays):
             self.slots.append(RelaySlot(i, a.relay_bin, self.main_url, self.workdir, self.tailer,
-                                        self.receiver if hooks[i] else None).start())
+                                        self.receiver if hooks[i] else None, kafka).start())
         for s in self.slots:
             deadline = mono() + 30
             while mono() < deadline and self.tailer.log_seen(s.index, s.generation, "ordering lanes rebalanced") is None:
@@ -267,6 +290,7 @@ class Fuzz:
                     raise RuntimeError(f"relay{s.index} exited at start: {s.log_path.read_text()[-2000:]}")
                 time.sleep(0.05)
         self.shared = Shared(self.ledger, self.main_url, self.copy_url, fnid, fnid_copy, a.writers)
+        self.shared.late = self.late
         # The rare behaviours (TRUNCATE, sequence caching) wait their cooldown from the start too.
         self.shared.last_admin = {"truncate": mono() - 15, "seq_cache": mono() - 15}
         letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -283,6 +307,76 @@ class Fuzz:
               f"sinks {', '.join(s.sink for s in self.slots)}, "
               f"latency budget {a.latency:g} s, sequence cache {cache}, behaviours {len(self.enabled)}, "
               f"chaos {', '.join(self.chaos_enabled) or 'off'}; work dir {self.workdir}", flush=True)
+
+    def setup_kafka(self):
+        """One broker (no topic created on its own), the topics every writer uses, the reader; the
+        late topics come from late_topics() during the run. Returns the relays' sink."""
+        started = mono()
+        self.broker = KafkaBroker(self.workdir).start()
+        self.reader = KafkaReader(self.tailer, self.broker.bootstrap).start()
+        for topic in KAFKA_TOPICS:
+            name = KAFKA_TEMPLATE.replace("{topic}", topic)
+            self.broker.create_topic(name, KAFKA_PARTITIONS)
+            self.reader.add_topic(name, KAFKA_PARTITIONS)
+        self.late = LateTopics()
+        self.late_rng = random.Random(self.rng.randrange(2 ** 63))
+        print(f"fuzz: kafka broker {self.broker.bootstrap} ready with {len(KAFKA_TOPICS)} topics in "
+              f"{mono() - started:.1f} s", flush=True)
+        return {"name": "kafka", "type": "kafka", "brokers": self.broker.bootstrap, "topic": KAFKA_TEMPLATE,
+                "delivery_timeout": f"{int(KAFKA_DELIVERY_TIMEOUT * 1000)}ms"}
+
+    def create_late(self, topic):
+        name = KAFKA_TEMPLATE.replace("{topic}", topic)
+        ready = self.broker.create_topic(name, KAFKA_PARTITIONS)
+        self.reader.add_topic(name, KAFKA_PARTITIONS)
+        with self.ledger.lock:
+            self.topic_ready[topic] = ready
+        self.late.remove(topic)
+
+    def late_topics(self):
+        """A new late row topic at a time: writers pick it for some rows; 0.5-3 s after the first
+        pick its Kafka topic is created; 0.5-4 s later the next one. At the writers' stop the one
+        pending is created at once (the grace needs it)."""
+        rng, stop = self.late_rng, self.shared.stop
+        n = 0
+        while not stop.is_set():
+            n += 1
+            topic = f"late.{n}"
+            self.late.add(topic)
+            while not stop.is_set() and topic not in self.late.first_use:
+                stop.wait(0.05)
+            if stop.wait(rng.uniform(0.5, 3.0)):
+                break
+            try:
+                self.create_late(topic)
+            except Exception:  # noqa: BLE001 - the broker restarting: tried again at the end
+                with self.ledger.lock:
+                    self.ledger.fuzzer_errors.append((mono(), "late_topics", traceback.format_exc()))
+                return
+            stop.wait(rng.uniform(0.5, 4.0))
+
+    def kafka_holds(self):
+        """The rows whose Kafka topic was created after their commit (or not yet): the sink could not
+        take them before it was ready; released then plus KAFKA_LATE_ALLOWANCE (INF while missing)."""
+        if self.late is None:
+            return {}, {}
+        with self.ledger.lock:
+            ready = dict(self.topic_ready)
+            names = set(self.late.names)
+            rows = [r for r in self.ledger.rows.values() if r.topic in names]
+        holds, failures = {}, {}
+        now = mono()
+        for r in rows:
+            if r.txn.db != "main" or r.txn.end is None:
+                continue
+            t = ready.get(r.topic, INF)
+            if t > r.txn.end:
+                why = (f"its Kafka topic (row topic {r.topic}) ready at {self.ledger.rel(t)}, + "
+                       f"{KAFKA_LATE_ALLOWANCE:g} s for the retry" if t != INF else
+                       f"its Kafka topic (row topic {r.topic}) not created yet")
+                holds[r.uid] = (t + KAFKA_LATE_ALLOWANCE, why)
+                failures[r.uid] = [min(t, now)]
+        return holds, failures
 
     # --- checks
 
@@ -303,9 +397,14 @@ class Fuzz:
         now = self.tailer.horizon()
         lines, _ = self.tailer.snapshot()
         failures, bad = self.receiver.snapshot() if self.receiver else ({}, [])
+        holds = {}
+        if self.reader is not None:
+            holds, _ = self.kafka_holds()
+            bad = bad + self.reader.snapshot()[1]
         res = check(self.ledger, lines, now, budget=self.args.latency, final=final, relay_exits=self.relay_exits,
                     bad_lines=list(self.tailer.bad_lines) + bad, shrunk=self.tailer.shrunk(), table_uids=table_uids,
-                    lanes=lanes, failures=failures, dead=self.dead, readings=self.tailer.readings_snapshot())
+                    lanes=lanes, failures=failures, dead=self.dead, readings=self.tailer.readings_snapshot(),
+                    holds=holds)
         chaos_v = []
         if self.chaos:
             from checker import Violation
@@ -330,7 +429,7 @@ class Fuzz:
     def read_dead_letters(self):
         """The dead-lettered rows: the table's now, and those the TRUNCATEs removed (read under their
         lock). Kept across checks."""
-        if self.receiver is None:
+        if self.receiver is None and self.reader is None:
             return
         with self.ledger.lock:
             for uid, why in self.shared.dead_letters.items():
@@ -353,6 +452,9 @@ class Fuzz:
         for w in self.writers:
             w.start()
         self.chaos.start()
+        if self.late is not None:
+            self.late_thread = threading.Thread(target=self.late_topics, name="late-topics", daemon=True)
+            self.late_thread.start()
         end = self.t_start + a.seconds
         next_check = self.t_start + a.check_every
         stopped_early = False
@@ -374,6 +476,10 @@ class Fuzz:
             self.chaos.thread.join(120)
         for s in self.slots:
             s.cont()
+        if self.late is not None:
+            self.late_thread.join(60)
+            for topic in sorted(self.late.names - set(self.topic_ready)):
+                self.create_late(topic)
         print(f"fuzz: writers stopped at {self.ledger.rel(self.writers_end)}"
               f"{' (stopped at the first violation)' if stopped_early else ''}; grace up to {a.grace:g} s", flush=True)
         # Grace: let the relays drain what the current epoch committed.
@@ -553,6 +659,9 @@ class Fuzz:
               f"({st['lines']} lines, {st['duplicates']} duplicates); epochs {st['epochs']}; failed webhook "
               f"attempts {st['attempts_failed']}; dead-lettered {st['dead_lettered']} (keys over 2,600 bytes: "
               f"{st['dead_lettered_long_key']})")
+        if self.reader is not None:
+            print(f"fuzz: kafka: records read {self.reader.records}; late topics created {len(self.topic_ready)} "
+                  f"(0.5-3 s after a writer first used one); events held by a late topic {st['held_by_sink']}")
         print(f"fuzz: the relays' readings of the writers seen {st['readings']}; events held by a writer that began "
               f"after their commit, before the next reading: {st['held_by_later_writers']}")
         runs = L.behaviour_runs
@@ -619,10 +728,15 @@ class Fuzz:
         self.tailer.stop()
         if self.receiver:
             self.receiver.stop()
+        if self.reader:
+            self.reader.stop()
+        if self.broker:
+            self.broker.stop()
         if self.cluster:
             self.cluster.stop()
         if self.workdir:
             shutil.rmtree(self.workdir / "pg", ignore_errors=True)
+            shutil.rmtree(self.workdir / "kafka" / "data", ignore_errors=True)
             if failed or self.args.keep:
                 print(f"fuzz: sink files and relay logs kept in {self.workdir}", flush=True)
             else:
