@@ -8,7 +8,10 @@ Rules:
 - per key, within an epoch (TRUNCATE ... RESTART IDENTITY starts a new one), first deliveries come
   in id order. A line's delivery instant lies in [lo, hi] (the tailer's reads); within one file the
   file's order is exact; across files b is before a only when provably so (b.hi < a.lo). A committed
-  event not delivered at all counts as delivered after everything;
+  event not delivered at all counts as delivered after everything. Kafka (--sinks kafka): a "file"
+  is a topic's partition (its offsets are exact); across partitions the records' LogAppendTime
+  decides, to the millisecond (harness.kafka_interval): an earlier millisecond is before, the same
+  one is ambiguous (not a violation);
 - each committed event is delivered within `budget` seconds of its release: max(its commit, the end
   of every transaction of the fuzzer in this database open at its commit, the end of a lock on it
   taken before it was delivered, the release of every disruption (relay killed / stopped, Postgres
@@ -16,7 +19,8 @@ Rules:
   retry's backoff, the end of every transaction that began after its commit but before the relay
   that delivered it took a reading of the writers whose last id reached its id, at most
   READING_CAP after its commit), and never before an earlier event of its key is due (head of
-  line). An event
+  line). A row the sink could not take before some time (`holds`: its Kafka topic created late) is
+  released no earlier than that (the time includes the retry's allowance). An event
   whose epoch was truncated before it was due is not demanded;
 - a row is dead-lettered only when an attempt at it failed and its key is longer than `long_bytes`
   (the retry index cannot take the failed attempt); such a row is not demanded, and its key's later
