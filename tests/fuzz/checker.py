@@ -378,9 +378,14 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         return d
 
     def precedes(b, a, fb, fa):
-        """Every delivery of a came after some delivery of b (so a's first came after b's first)."""
+        """Every delivery of a came after some delivery of b (so a's first came after b's first). An a
+        not delivered (yet) comes after a b seen before `now` (every delivery before it is in
+        `lines`: a's would be there too); a b seen later may have come after an a not read yet
+        (the Kafka reader reads one partition ahead of another)."""
         if not fb:
             return False
+        if not fa:
+            return any(hib < now for _, _, hib in fb.values())
         for g, (ia, loa, _) in fa.items():
             ok = False
             if g in fb and fb[g][0] < ia:

@@ -37,7 +37,8 @@ from harness import (Cluster, KafkaBroker, KafkaReader, Receiver, RelaySlot, Tai
 from ledger import INF, Ledger  # noqa: E402
 from writers import BEHAVIOURS, SETUP_SQL, TOPICS, LateTopics, Shared, Writer  # noqa: E402
 
-CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2, "relay_reload": 2}
+CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2, "relay_reload": 2, "kafka_restart": 2}
+SINK_CHAOS = {"kafka_restart": "kafka"}                 # chaos that needs that sink mode
 SINK_MODES = {"webhook": 5, "mixed": 4, "file": 1}      # name -> weight when picked from the seed
 OTHER_SINK_MODES = ["kafka"]                            # only when asked for (--sinks)
 # --sinks kafka: the sink's topic template, the row topics whose Kafka topics exist from the start
@@ -51,6 +52,9 @@ KAFKA_DELIVERY_TIMEOUT = 1.5
 # After a late topic is ready, the relay's next attempt at an event for it comes within the failing
 # attempt's end (at most the batch deadline) plus the retry's backoff (at most 2 s).
 KAFKA_LATE_ALLOWANCE = KAFKA_DELIVERY_TIMEOUT + 2.0
+# After a broker restart (SIGKILL, 0.1-2 s down, started again, every topic led again): the batch
+# deadline replaces the producer, the retry's backoff, a new producer's connection.
+KAFKA_RESTART_ALLOWANCE = KAFKA_DELIVERY_TIMEOUT + 2.0 + 1.0
 MAIN_DB, COPY_DB = "fuzz_main", "fuzz_copy"
 
 
@@ -114,6 +118,7 @@ class Chaos:
         self.counts = {k: 0 for k in enabled}
         self.problems = []      # (kind, text, time)
         self.last_pg = -INF
+        self.last_kafka = -INF
         self.thread = threading.Thread(target=self.run, name="chaos", daemon=True)
 
     def start(self):
@@ -129,6 +134,8 @@ class Chaos:
                 break
             name = self.rng.choices(names, weights)[0]
             if name == "pg_restart" and mono() - self.last_pg < 30:
+                continue
+            if name == "kafka_restart" and mono() - self.last_kafka < 30:
                 continue
             try:
                 getattr(self, name)()
@@ -202,6 +209,25 @@ class Chaos:
         # A reload holds nothing back: no budget beyond the usual one.
         w.end = w.release_at = mono()
 
+    def kafka_restart(self):
+        """SIGKILL the broker, 0.1-2 s down, start it again (same port and data); the window ends
+        when every topic has a leader again."""
+        self.last_kafka = mono()
+        broker = self.fz.broker
+        down = self.rng.uniform(0.1, 2.0)
+        w = self.fz.ledger.window("kafka_restart", f"kafka broker SIGKILL, down {down:.1f} s")
+        try:
+            broker.kill()
+            time.sleep(down)
+            broker.restart()
+            for topic in self.fz.kafka_topics():
+                broker.create_topic(topic, KAFKA_PARTITIONS)      # exists: waits for its leaders
+        finally:
+            back = mono()
+            w.end = back
+            w.release_at = back + KAFKA_RESTART_ALLOWANCE
+            w.info += f"; back (every topic led) after {back - w.start:.2f} s"
+
     def pg_restart(self):
         self.last_pg = mono()
         w = self.fz.ledger.window("pg_restart", "pg_ctl restart -m fast")
@@ -253,7 +279,8 @@ class Fuzz:
         self.nrelays = pick_range(a.relays, self.rng)
         self.sink_mode = a.sinks or self.rng.choices(list(SINK_MODES), list(SINK_MODES.values()))[0]
         self.enabled = {k: v for k, v in BEHAVIOURS.items() if k not in a.without}
-        self.chaos_enabled = [k for k in CHAOS if k not in a.without]
+        self.chaos_enabled = [k for k in CHAOS if k not in a.without and SINK_CHAOS.get(k, self.sink_mode)
+                              == self.sink_mode]
         self.workdir = make_workdir()
         self.cluster = Cluster(self.workdir).start()
         with psycopg.connect(self.cluster.url, autocommit=True) as c:
@@ -325,6 +352,12 @@ class Fuzz:
         return {"name": "kafka", "type": "kafka", "brokers": self.broker.bootstrap, "topic": KAFKA_TEMPLATE,
                 "delivery_timeout": f"{int(KAFKA_DELIVERY_TIMEOUT * 1000)}ms"}
 
+    def kafka_topics(self):
+        """The Kafka topics created so far."""
+        with self.ledger.lock:
+            late = list(self.topic_ready)
+        return [KAFKA_TEMPLATE.replace("{topic}", t) for t in KAFKA_TOPICS + late]
+
     def create_late(self, topic):
         name = KAFKA_TEMPLATE.replace("{topic}", topic)
         ready = self.broker.create_topic(name, KAFKA_PARTITIONS)
@@ -366,6 +399,16 @@ class Fuzz:
             rows = [r for r in self.ledger.rows.values() if r.topic in names]
         holds, failures = {}, {}
         now = mono()
+        # A broker restart: every event in the relays' hands then may fail (a long key's is then
+        # dead-lettered); its release is the window's (checker.apply_windows).
+        restarts = [w for w in self.ledger.snapshot()[2] if w.kind == "kafka_restart"]
+        if restarts:
+            with self.ledger.lock:
+                every = list(self.ledger.rows.values())
+            for r in every:
+                if r.txn.db == "main" and r.txn.end is not None and any(
+                        w.start - 10 <= r.txn.end <= (INF if w.release_at is None else w.release_at) for w in restarts):
+                    failures[r.uid] = [min(w.start for w in restarts if r.txn.end <= (w.release_at or INF))]
         for r in rows:
             if r.txn.db != "main" or r.txn.end is None:
                 continue
@@ -399,7 +442,7 @@ class Fuzz:
         failures, bad = self.receiver.snapshot() if self.receiver else ({}, [])
         holds = {}
         if self.reader is not None:
-            holds, _ = self.kafka_holds()
+            holds, failures = self.kafka_holds()
             bad = bad + self.reader.snapshot()[1]
         res = check(self.ledger, lines, now, budget=self.args.latency, final=final, relay_exits=self.relay_exits,
                     bad_lines=list(self.tailer.bad_lines) + bad, shrunk=self.tailer.shrunk(), table_uids=table_uids,

@@ -627,7 +627,7 @@ class KafkaBroker:
                                                     config=dict(TOPIC_CONFIG))])[name]
                 fut.result(timeout=10)
                 break
-            except KafkaException as e:
+            except Exception as e:  # noqa: BLE001 - KafkaException, or a timeout while the broker restarts
                 if "TOPIC_ALREADY_EXISTS" in str(e) or "already exists" in str(e):
                     break
                 if mono() > deadline:

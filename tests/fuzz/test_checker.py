@@ -268,3 +268,13 @@ def test_kafka_a_long_key_held_by_a_late_topic_may_be_dead_lettered():
     # Without the hold (no reason it failed): a violation, and the row counts as not delivered.
     assert kinds(check(L, [kafka_line(b, "t1", 0, 0, 1300)], now=10.0, dead=why)) == ["dead_lettered", "missing",
                                                                                          "order"]
+
+
+def test_an_undelivered_lower_id_counts_only_against_a_delivery_before_the_horizon():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 0.0, 1.0), "b", "K", 2)
+    # b's record was read, a's (another partition, appended earlier) not yet: the reader's horizon
+    # (every record appended before it has been read) is below b's append time.
+    assert kinds(check(L, [kafka_line(b, "t2", 0, 0, 1100)], now=1.05)) == []
+    assert kinds(check(L, [kafka_line(b, "t2", 0, 0, 1100)], now=1.2)) == ["order"]
