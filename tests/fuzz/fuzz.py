@@ -699,8 +699,9 @@ class Fuzz:
         print(f"fuzz: events written {st['events_written']}, committed {st['events_committed']} (demanded: "
               f"{st['events_demanded']}; the rest were truncated before due), rolled back "
               f"{st['events_rolled_back']}, other database {st['events_other_db']}; delivered {st['events_delivered']} "
-              f"({st['lines']} lines, {st['duplicates']} duplicates); epochs {st['epochs']}; failed webhook "
-              f"attempts {st['attempts_failed']}; dead-lettered {st['dead_lettered']} (keys over 2,600 bytes: "
+              f"({st['lines']} lines, {st['duplicates']} duplicates); epochs {st['epochs']}; "
+              f"{'rows a broker restart or a late topic may have failed' if self.reader else 'failed webhook attempts'} "
+              f"{st['attempts_failed']}; dead-lettered {st['dead_lettered']} (keys over 2,600 bytes: "
               f"{st['dead_lettered_long_key']})")
         if self.reader is not None:
             print(f"fuzz: kafka: records read {self.reader.records}; late topics created {len(self.topic_ready)} "
