@@ -74,14 +74,15 @@ def retry_allowance(failed_attempts: int) -> float:
 
 def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines=(), shrunk=(),
           table_uids=None, max_pairs_per_key=5, lanes=None, failures=None, dead=None, long_bytes=2600,
-          readings=None, holds=None):
+          readings=None, holds=None, no_duplicates=False):
     """lines: the tailer's SinkLines. table_uids (final): {uid: id} of the main table's rows now.
     failures: {uid: [monotonic times of failed attempts]}; dead: {uid: last_error} of the rows
     dead-lettered so far. readings: the relays' readings of the writers (harness.Reading; None:
     every transaction that began after an event's commit is told apart from those open at it).
     holds: {uid: (monotonic time, why)}: the sink could not take the row before that time (its Kafka
     topic did not exist yet, plus the retry's allowance; INF: not yet created), so it is released
-    no earlier; such a row may have failed attempts (a dead letter of a long key is accepted)."""
+    no earlier; such a row may have failed attempts (a dead letter of a long key is accepted).
+    no_duplicates (kafka-eos): a uid delivered twice is a violation."""
     res = Result()
     V = res.violations
     txns, rows, windows, truncates = ledger.snapshot()
@@ -126,6 +127,14 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
                                f"{_short(str(ln.rec.get('key')))!r} topic {ln.rec.get('topic')!r} headers "
                                f"{ln.rec.get('headers')}; written: id {r.id} key {_short(r.key)!r} topic {r.topic!r} "
                                f"headers {r.headers}", uids=[uid], keys=[r.key], times=[ln.hi]))
+
+    if no_duplicates:
+        for uid, lst in occ.items():
+            if len(lst) > 1:
+                r = rows[uid]
+                V.append(Violation("duplicate", f"uid {uid} (key {_short(r.key)!r}, id {r.id}, {r.behaviour}) delivered "
+                                   f"{len(lst)} times: " + ", ".join(f"{ln.file}@{ln.index}" for ln in lst[:4]),
+                                   uids=[uid], keys=[r.key], times=[ln.lo for ln in lst], sig=("duplicate", uid)))
 
     # --- which rows count as committed
     def committed(r):

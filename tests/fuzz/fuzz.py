@@ -38,9 +38,9 @@ from ledger import INF, Ledger  # noqa: E402
 from writers import BEHAVIOURS, SETUP_SQL, TOPICS, LateTopics, Shared, Writer  # noqa: E402
 
 CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2, "relay_reload": 2, "kafka_restart": 2}
-SINK_CHAOS = {"kafka_restart": "kafka"}                 # chaos that needs that sink mode
+SINK_CHAOS = {"kafka_restart": ("kafka", "kafka-eos")}  # chaos that needs one of those sink modes
 SINK_MODES = {"webhook": 5, "mixed": 4, "file": 1}      # name -> weight when picked from the seed
-OTHER_SINK_MODES = ["kafka"]
+OTHER_SINK_MODES = ["kafka", "kafka-eos"]
 # The share of seeds that pick kafka when --sinks is not given: a draw of its own (random.Random of
 # "<seed>:kafka"), so a seed that does not pick it picks the same mode as before kafka mode existed.
 # The broker's start then counts against --seconds (CI's 80 s stay 80 s).
@@ -53,6 +53,9 @@ KAFKA_TEMPLATE = "fuzz.{topic}"
 KAFKA_TOPICS = TOPICS + ["fuzz.proc", "fuzz.fastpath"]
 KAFKA_PARTITIONS = 3
 KAFKA_DELIVERY_TIMEOUT = 1.5
+# kafka-eos: the sink's progress topic (the default <transactional_id>.progress of sink "kafka"),
+# created beforehand as docs/sinks.md asks (64 partitions, compacted).
+KAFKA_PROGRESS_TOPIC = "outbox-relay.kafka.progress"
 # After a late topic is ready, the relay's next attempt at an event for it comes within the failing
 # attempt's end (at most the batch deadline) plus the retry's backoff (at most 2 s).
 KAFKA_LATE_ALLOWANCE = KAFKA_DELIVERY_TIMEOUT + 2.0
@@ -73,7 +76,8 @@ def parse_args(argv=None):
                    help="file: every relay a file sink; webhook: every relay a webhook whose receiver fails "
                         "some attempts; mixed: each relay either (default: picked from the seed among these); "
                         "kafka: one real Kafka broker, every relay a kafka sink spreading a key's events over "
-                        "several topics, some of which are created late (tests/fuzz/README.md)")
+                        "several topics, some of which are created late (tests/fuzz/README.md); kafka-eos: "
+                        "the same with exactly_once, a read_committed reader, no late topic, no duplicate")
     p.add_argument("--without", action="append", default=[], metavar="NAME",
                    help="switch a behaviour off (repeatable; also relay_kill, relay_stop, pg_restart)")
     p.add_argument("--only", default=None, metavar="NAMES",
@@ -286,8 +290,8 @@ class Fuzz:
         if a.sinks is None and random.Random(f"{self.seed}:kafka").random() < KAFKA_SEED_SHARE:
             self.sink_mode = "kafka"
         self.enabled = {k: v for k, v in BEHAVIOURS.items() if k not in a.without}
-        self.chaos_enabled = [k for k in CHAOS if k not in a.without and SINK_CHAOS.get(k, self.sink_mode)
-                              == self.sink_mode]
+        self.chaos_enabled = [k for k in CHAOS if k not in a.without and self.sink_mode in SINK_CHAOS.get(
+            k, (self.sink_mode,))]
         self.workdir = make_workdir()
         self.cluster = Cluster(self.workdir).start()
         with psycopg.connect(self.cluster.url, autocommit=True) as c:
@@ -308,12 +312,13 @@ class Fuzz:
             fnid_copy = c.execute("SELECT 'fuzz_fp_insert()'::regprocedure::oid").fetchone()[0]
         self.tailer.start()
         hooks = {"file": [False] * self.nrelays, "webhook": [True] * self.nrelays, "kafka": [False] * self.nrelays,
+                 "kafka-eos": [False] * self.nrelays,
                  "mixed": [i % 2 == 0 for i in range(self.nrelays)]}[self.sink_mode]
         if any(hooks):
             self.receiver = Receiver(self.tailer, self.seed).start()
         kafka = None
-        if self.sink_mode == "kafka":
-            kafka = self.setup_kafka()
+        if self.sink_mode in ("kafka", "kafka-eos"):
+            kafka = self.setup_kafka(eos=self.sink_mode == "kafka-eos")
         for i in range(self.nrelays):
             self.slots.append(RelaySlot(i, a.relay_bin, self.main_url, self.workdir, self.tailer,
                                         self.receiver if hooks[i] else None, kafka).start())
@@ -342,18 +347,23 @@ class Fuzz:
               f"latency budget {a.latency:g} s, sequence cache {cache}, behaviours {len(self.enabled)}, "
               f"chaos {', '.join(self.chaos_enabled) or 'off'}; work dir {self.workdir}", flush=True)
 
-    def setup_kafka(self):
+    def setup_kafka(self, eos=False):
         """One broker (no topic created on its own), the topics every writer uses, the reader; the
-        late topics come from late_topics() during the run. Returns the relays' sink."""
+        late topics come from late_topics() during the run (not with exactly_once: a transaction
+        holding a record for a missing topic cannot commit, so the whole batch would wait for it).
+        Returns the relays' sink."""
         started = mono()
         self.broker = KafkaBroker(self.workdir).start()
-        self.reader = KafkaReader(self.tailer, self.broker.bootstrap).start()
+        self.reader = KafkaReader(self.tailer, self.broker.bootstrap, read_committed=eos).start()
         for topic in KAFKA_TOPICS:
             name = KAFKA_TEMPLATE.replace("{topic}", topic)
             self.broker.create_topic(name, KAFKA_PARTITIONS)
             self.reader.add_topic(name, KAFKA_PARTITIONS)
-        self.late = LateTopics()
-        self.late_rng = random.Random(self.rng.randrange(2 ** 63))
+        if eos:
+            self.broker.create_topic(KAFKA_PROGRESS_TOPIC, 64, {"cleanup.policy": "compact"})
+        else:
+            self.late = LateTopics()
+            self.late_rng = random.Random(self.rng.randrange(2 ** 63))
         took = mono() - started
         if self.args.sinks is None:
             # Picked by the seed: the broker's start counts against --seconds (at most half of it).
@@ -361,8 +371,11 @@ class Fuzz:
         print(f"fuzz: kafka broker {self.broker.bootstrap} ready with {len(KAFKA_TOPICS)} topics in "
               f"{took:.1f} s{'' if self.seconds == self.args.seconds else f'; writers run {self.seconds:.1f} s'}",
               flush=True)
-        return {"name": "kafka", "type": "kafka", "brokers": self.broker.bootstrap, "topic": KAFKA_TEMPLATE,
+        sink = {"name": "kafka", "type": "kafka", "brokers": self.broker.bootstrap, "topic": KAFKA_TEMPLATE,
                 "delivery_timeout": f"{int(KAFKA_DELIVERY_TIMEOUT * 1000)}ms"}
+        if eos:
+            sink["exactly_once"] = True
+        return sink
 
     def kafka_topics(self):
         """The Kafka topics created so far."""
@@ -403,11 +416,11 @@ class Fuzz:
     def kafka_holds(self):
         """The rows whose Kafka topic was created after their commit (or not yet): the sink could not
         take them before it was ready; released then plus KAFKA_LATE_ALLOWANCE (INF while missing)."""
-        if self.late is None:
+        if self.reader is None:
             return {}, {}
         with self.ledger.lock:
             ready = dict(self.topic_ready)
-            names = set(self.late.names)
+            names = set(self.late.names) if self.late is not None else set()
             rows = [r for r in self.ledger.rows.values() if r.topic in names]
         holds, failures = {}, {}
         now = mono()
@@ -459,7 +472,7 @@ class Fuzz:
         res = check(self.ledger, lines, now, budget=self.args.latency, final=final, relay_exits=self.relay_exits,
                     bad_lines=list(self.tailer.bad_lines) + bad, shrunk=self.tailer.shrunk(), table_uids=table_uids,
                     lanes=lanes, failures=failures, dead=self.dead, readings=self.tailer.readings_snapshot(),
-                    holds=holds)
+                    holds=holds, no_duplicates=self.sink_mode == "kafka-eos")
         chaos_v = []
         if self.chaos:
             from checker import Violation

@@ -614,7 +614,7 @@ class KafkaBroker:
             self._admin = AdminClient({"bootstrap.servers": self.bootstrap})
         return self._admin
 
-    def create_topic(self, name: str, partitions: int = 3, timeout=30.0) -> float:
+    def create_topic(self, name: str, partitions: int = 3, config=None, timeout=30.0) -> float:
         """Creates the topic and waits until every partition has a leader; returns the monotonic time
         it was seen ready. Already there: fine."""
         from confluent_kafka import KafkaException
@@ -624,7 +624,7 @@ class KafkaBroker:
         while True:
             try:
                 fut = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
-                                                    config=dict(TOPIC_CONFIG))])[name]
+                                                    config={**TOPIC_CONFIG, **(config or {})})])[name]
                 fut.result(timeout=10)
                 break
             except Exception as e:  # noqa: BLE001 - KafkaException, or a timeout while the broker restarts
@@ -669,12 +669,16 @@ class KafkaReader:
     every partition (t0 taken before) and, once it has consumed up to them, every record appended
     before t0 is in the tailer."""
 
-    def __init__(self, tailer: "Tailer", bootstrap: str):
+    def __init__(self, tailer: "Tailer", bootstrap: str, read_committed=False):
         from confluent_kafka import Consumer
         self.tailer = tailer
+        # read_committed (kafka-eos): a record is visible from its transaction's commit on, which its
+        # append time precedes: its interval is [append, read] instead.
+        self.read_committed = read_committed
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fuzz-reader",
                                   "enable.auto.commit": False, "enable.partition.eof": False,
-                                  "fetch.wait.max.ms": 10, "isolation.level": "read_uncommitted",
+                                  "fetch.wait.max.ms": 10,
+                                  "isolation.level": "read_committed" if read_committed else "read_uncommitted",
                                   "socket.connection.setup.timeout.ms": 3000, "reconnect.backoff.max.ms": 500})
         self.lock = threading.Lock()
         self.to_assign = []            # [(topic, partitions)] not assigned yet
@@ -728,6 +732,8 @@ class KafkaReader:
             self.bad.append((name, f"offset {m.offset()}: {e!r}: {(m.value() or b'')[:200]!r}"))
             return
         lo, hi = kafka_interval(ts, self.wall_minus_mono)
+        if self.read_committed:
+            hi = max(hi, mono())
         with self.tailer.lock:
             self.tailer.lines.append(SinkLine(rec, name, m.offset(), lo, hi))
         self.records += 1
@@ -757,6 +763,14 @@ class KafkaReader:
                     for tp in self.assigned:
                         _, high = self.consumer.get_watermark_offsets(tp, timeout=2, cached=False)
                         target[(tp.topic, tp.partition)] = high
+                if target is not None and self.read_committed and any(
+                        self.position.get(k, 0) < h for k, h in target.items()):
+                    # A commit marker takes an offset no record has: the consumer's own position
+                    # passes it.
+                    for tp in self.consumer.position(self.assigned):
+                        if tp.offset >= 0:
+                            k = (tp.topic, tp.partition)
+                            self.position[k] = max(self.position.get(k, 0), tp.offset)
                 if target is not None and all(self.position.get(k, 0) >= h for k, h in target.items()):
                     with self.lock:
                         self._horizon = t0

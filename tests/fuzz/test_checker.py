@@ -278,3 +278,11 @@ def test_an_undelivered_lower_id_counts_only_against_a_delivery_before_the_horiz
     # (every record appended before it has been read) is below b's append time.
     assert kinds(check(L, [kafka_line(b, "t2", 0, 0, 1100)], now=1.05)) == []
     assert kinds(check(L, [kafka_line(b, "t2", 0, 0, 1100)], now=1.2)) == ["order"]
+
+
+def test_kafka_eos_a_duplicate_is_a_violation_only_when_asked():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    twice = [kafka_line(a, "t1", 0, 0, 1100), kafka_line(a, "t1", 0, 1, 1200)]
+    assert kinds(check(L, twice, now=10.0)) == []
+    assert kinds(check(L, twice, now=10.0, no_duplicates=True)) == ["duplicate"]
