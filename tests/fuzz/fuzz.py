@@ -59,6 +59,13 @@ KAFKA_PROGRESS_TOPIC = "outbox-relay.kafka.progress"
 # After a late topic is ready, the relay's next attempt at an event for it comes within the failing
 # attempt's end (at most the batch deadline) plus the retry's backoff (at most 2 s).
 KAFKA_LATE_ALLOWANCE = KAFKA_DELIVERY_TIMEOUT + 2.0
+# A record for a missing topic may get no report at all before the batch deadline (librdkafka 2.0.2
+# here: the first record for a topic a producer has not seen), so the batch waits for it, the
+# producer is replaced and a new one takes about 1 s for its first batch: every event in the sink
+# meanwhile waits too. So a late topic is also a disruption window for every event, from a
+# writer's first use to its readiness plus the batch deadline, released KAFKA_NEW_PRODUCER later
+# (found by seed 4: events of other keys 0.8 s late around a replaced producer).
+KAFKA_NEW_PRODUCER = 1.5
 # After a broker restart (SIGKILL, 0.1-2 s down, started again, every topic led again): the batch
 # deadline replaces the producer, the retry's backoff, a new producer's connection.
 KAFKA_RESTART_ALLOWANCE = KAFKA_DELIVERY_TIMEOUT + 2.0 + 1.0
@@ -279,6 +286,7 @@ class Fuzz:
         self.late = None
         self.topic_ready = {}     # late row topic -> monotonic time its Kafka topic was ready
         self.late_thread = None
+        self.late_windows = {}    # late row topic -> its disruption window (kafka_late_topic)
 
     # --- setup
 
@@ -383,13 +391,26 @@ class Fuzz:
             late = list(self.topic_ready)
         return [KAFKA_TEMPLATE.replace("{topic}", t) for t in KAFKA_TOPICS + late]
 
+    def late_window(self, topic):
+        """The disruption window of a late topic, from a writer's first use of it."""
+        w = self.late_windows.get(topic)
+        if w is None:
+            w = self.ledger.window("kafka_late_topic", f"topic {topic} missing")
+            w.start = min(w.start, self.late.first_use.get(topic, w.start))
+            self.late_windows[topic] = w
+        return w
+
     def create_late(self, topic):
         name = KAFKA_TEMPLATE.replace("{topic}", topic)
+        w = self.late_window(topic)
         ready = self.broker.create_topic(name, KAFKA_PARTITIONS)
         self.reader.add_topic(name, KAFKA_PARTITIONS)
         with self.ledger.lock:
             self.topic_ready[topic] = ready
         self.late.remove(topic)
+        w.end = ready + KAFKA_DELIVERY_TIMEOUT
+        w.release_at = w.end + KAFKA_NEW_PRODUCER
+        w.info += f"; ready {self.ledger.rel(ready)}"
 
     def late_topics(self):
         """A new late row topic at a time: writers pick it for some rows; 0.5-3 s after the first
@@ -403,6 +424,8 @@ class Fuzz:
             self.late.add(topic)
             while not stop.is_set() and topic not in self.late.first_use:
                 stop.wait(0.05)
+            if topic in self.late.first_use:
+                self.late_window(topic)
             if stop.wait(rng.uniform(0.5, 3.0)):
                 break
             try:
