@@ -592,8 +592,9 @@ class KafkaBroker:
     no topic on its own (auto.create.topics.enable=false): a record for a topic the fuzzer has not
     created yet fails with UNKNOWN_TOPIC_OR_PART, which the relay retries."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, extra=()):
         self.dir = base / "kafka"
+        self.extra = list(extra)
         self.bootstrap = None
         self.stopped = False
         self._admin = None
@@ -605,7 +606,7 @@ class KafkaBroker:
         return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
 
     def start(self):
-        self.bootstrap = self._run("start", str(self.dir), "", "auto.create.topics.enable=false")
+        self.bootstrap = self._run("start", str(self.dir), "", "auto.create.topics.enable=false", *self.extra)
         return self
 
     def admin(self):
