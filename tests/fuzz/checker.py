@@ -8,7 +8,10 @@ Rules:
 - per key, within an epoch (TRUNCATE ... RESTART IDENTITY starts a new one), first deliveries come
   in id order. A line's delivery instant lies in [lo, hi] (the tailer's reads); within one file the
   file's order is exact; across files b is before a only when provably so (b.hi < a.lo). A committed
-  event not delivered at all counts as delivered after everything;
+  event not delivered at all counts as delivered after everything. Kafka (--sinks kafka): a "file"
+  is a topic's partition (its offsets are exact); across partitions the records' LogAppendTime
+  decides, to the millisecond (harness.kafka_interval): an earlier millisecond is before, the same
+  one is ambiguous (not a violation);
 - each committed event is delivered within `budget` seconds of its release: max(its commit, the end
   of every transaction of the fuzzer in this database open at its commit, the end of a lock on it
   taken before it was delivered, the release of every disruption (relay killed / stopped, Postgres
@@ -16,7 +19,8 @@ Rules:
   retry's backoff, the end of every transaction that began after its commit but before the relay
   that delivered it took a reading of the writers whose last id reached its id, at most
   READING_CAP after its commit), and never before an earlier event of its key is due (head of
-  line). An event
+  line). A row the sink could not take before some time (`holds`: its Kafka topic created late) is
+  released no earlier than that (the time includes the retry's allowance). An event
   whose epoch was truncated before it was due is not demanded;
 - a row is dead-lettered only when an attempt at it failed and its key is longer than `long_bytes`
   (the retry index cannot take the failed attempt); such a row is not demanded, and its key's later
@@ -70,11 +74,15 @@ def retry_allowance(failed_attempts: int) -> float:
 
 def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines=(), shrunk=(),
           table_uids=None, max_pairs_per_key=5, lanes=None, failures=None, dead=None, long_bytes=2600,
-          readings=None):
+          readings=None, holds=None, no_duplicates=False):
     """lines: the tailer's SinkLines. table_uids (final): {uid: id} of the main table's rows now.
     failures: {uid: [monotonic times of failed attempts]}; dead: {uid: last_error} of the rows
     dead-lettered so far. readings: the relays' readings of the writers (harness.Reading; None:
-    every transaction that began after an event's commit is told apart from those open at it)."""
+    every transaction that began after an event's commit is told apart from those open at it).
+    holds: {uid: (monotonic time, why)}: the sink could not take the row before that time (its Kafka
+    topic did not exist yet, plus the retry's allowance; INF: not yet created), so it is released
+    no earlier; such a row may have failed attempts (a dead letter of a long key is accepted).
+    no_duplicates (kafka-eos): a uid delivered twice is a violation."""
     res = Result()
     V = res.violations
     txns, rows, windows, truncates = ledger.snapshot()
@@ -120,6 +128,14 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
                                f"{ln.rec.get('headers')}; written: id {r.id} key {_short(r.key)!r} topic {r.topic!r} "
                                f"headers {r.headers}", uids=[uid], keys=[r.key], times=[ln.hi]))
 
+    if no_duplicates:
+        for uid, lst in occ.items():
+            if len(lst) > 1:
+                r = rows[uid]
+                V.append(Violation("duplicate", f"uid {uid} (key {_short(r.key)!r}, id {r.id}, {r.behaviour}) delivered "
+                                   f"{len(lst)} times: " + ", ".join(f"{ln.file}@{ln.index}" for ln in lst[:4]),
+                                   uids=[uid], keys=[r.key], times=[ln.lo for ln in lst], sig=("duplicate", uid)))
+
     # --- which rows count as committed
     def committed(r):
         o = r.outcome
@@ -132,14 +148,14 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         return False
 
     crow = [r for r in rows.values() if r.txn.db == "main" and r.txn.end is not None and committed(r)]
-    failures, dead = failures or {}, dead or {}
+    failures, dead, holds = failures or {}, dead or {}, holds or {}
     dead_ok = set()
     for uid, why in dead.items():
         r = rows.get(uid)
         if r is None:
             V.append(Violation("unknown_delivered", f"dead-lettered uid {uid!r}: the fuzzer wrote no such row",
                                sig=("unknown_dead", uid)))
-        elif failures.get(uid) and len(r.key.encode()) > long_bytes:
+        elif (failures.get(uid) or uid in holds) and len(r.key.encode()) > long_bytes:
             dead_ok.add(uid)
         else:
             V.append(Violation("dead_lettered", f"uid {uid} (key {_short(r.key)!r}, {len(r.key.encode())} bytes, id {r.id}, "
@@ -237,6 +253,9 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         if f and f[-1] + retry_allowance(len(f)) > x:
             x = f[-1] + retry_allowance(len(f))
             why = f"its failed attempt {len(f)} at {ledger.rel(f[-1])} and the retry's backoff"
+        h = holds.get(r.uid)
+        if h and h[0] > x:
+            x, why = h
         rel[r.uid] = x
         reason[r.uid] = why
     # A share-locked pending row stops its lane there until the lock goes (the claim skips it and
@@ -368,9 +387,14 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         return d
 
     def precedes(b, a, fb, fa):
-        """Every delivery of a came after some delivery of b (so a's first came after b's first)."""
+        """Every delivery of a came after some delivery of b (so a's first came after b's first). An a
+        not delivered (yet) comes after a b seen before `now` (every delivery before it is in
+        `lines`: a's would be there too); a b seen later may have come after an a not read yet
+        (the Kafka reader reads one partition ahead of another)."""
         if not fb:
             return False
+        if not fa:
+            return any(hib < now for _, _, hib in fb.values())
         for g, (ia, loa, _) in fa.items():
             ok = False
             if g in fb and fb[g][0] < ia:
@@ -458,6 +482,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         "events_other_db": sum(1 for r in rows.values() if r.outcome == "foreign"),
         "events_delivered": sum(1 for uid in occ if rows[uid].outcome != "foreign"),
         "attempts_failed": sum(len(x) for x in failures.values()),
+        "held_by_sink": sum(1 for r in crow if r.uid in holds),
         "dead_lettered": len(dead), "dead_lettered_long_key": len(dead_ok),
         "lines": len(lines),
         "duplicates": sum(len(lst) - 1 for lst in occ.values()),

@@ -32,12 +32,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from checker import check  # noqa: E402
-from harness import Cluster, Receiver, RelaySlot, Tailer, make_workdir, mono, remove_workdir, run_cli  # noqa: E402
+from harness import (Cluster, KafkaBroker, KafkaReader, Receiver, RelaySlot, Tailer, make_workdir, mono,  # noqa: E402
+                     remove_workdir, run_cli)
 from ledger import INF, Ledger  # noqa: E402
-from writers import BEHAVIOURS, SETUP_SQL, Shared, Writer  # noqa: E402
+from writers import BEHAVIOURS, SETUP_SQL, TOPICS, LateTopics, Shared, Writer  # noqa: E402
 
-CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2, "relay_reload": 2}
+CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2, "relay_reload": 2, "kafka_restart": 2}
+SINK_CHAOS = {"kafka_restart": ("kafka", "kafka-eos")}  # chaos that needs one of those sink modes
 SINK_MODES = {"webhook": 5, "mixed": 4, "file": 1}      # name -> weight when picked from the seed
+OTHER_SINK_MODES = ["kafka", "kafka-eos"]
+# The share of seeds that pick kafka when --sinks is not given: a draw of its own (random.Random of
+# "<seed>:kafka"), so a seed that does not pick it picks the same mode as before kafka mode existed.
+# The broker's start then counts against --seconds (CI's 80 s stay 80 s).
+KAFKA_SEED_SHARE = 0.0
+# --sinks kafka: the sink's topic template, the row topics whose Kafka topics exist from the start
+# (every topic a writer uses but the late ones), and the batch deadline (delivery_timeout; the
+# producer's topic.metadata.propagation.max.ms is half of it: a record for a missing topic fails
+# after that).
+KAFKA_TEMPLATE = "fuzz.{topic}"
+KAFKA_TOPICS = TOPICS + ["fuzz.proc", "fuzz.fastpath"]
+KAFKA_PARTITIONS = 3
+KAFKA_DELIVERY_TIMEOUT = 1.5
+# kafka-eos: the sink's progress topic (the default <transactional_id>.progress of sink "kafka"),
+# created beforehand as docs/sinks.md asks (64 partitions, compacted).
+KAFKA_PROGRESS_TOPIC = "outbox-relay.kafka.progress"
+# After a late topic is ready, the relay's next attempt at an event for it comes within the failing
+# attempt's end (at most the batch deadline) plus the retry's backoff (at most 2 s).
+KAFKA_LATE_ALLOWANCE = KAFKA_DELIVERY_TIMEOUT + 2.0
+# A record for a missing topic may get no report at all before the batch deadline (librdkafka 2.0.2
+# here: the first record for a topic a producer has not seen), so the batch waits for it, the
+# producer is replaced and a new one takes about 1 s for its first batch: every event in the sink
+# meanwhile waits too. So a late topic is also a disruption window for every event, from a
+# writer's first use to its readiness plus the batch deadline, released KAFKA_NEW_PRODUCER later
+# (found by seed 4: events of other keys 0.8 s late around a replaced producer).
+KAFKA_NEW_PRODUCER = 1.5
+# After a broker restart (SIGKILL, 0.1-2 s down, started again, every topic led again): the batch
+# deadline replaces the producer, the retry's backoff, a new producer's connection.
+KAFKA_RESTART_ALLOWANCE = KAFKA_DELIVERY_TIMEOUT + 2.0 + 1.0
+# kafka-eos: a transaction open when the broker died holds read_committed readers until the
+# coordinator aborts it (the sink's transaction_timeout, 10 s here) or a takeover fences it.
+# (Seed 8's first kafka-eos run: events 2.3 s past the 4.5 s allowance after a broker restart.)
+KAFKA_EOS_RESTART_ALLOWANCE = 10.0 + KAFKA_RESTART_ALLOWANCE
 MAIN_DB, COPY_DB = "fuzz_main", "fuzz_copy"
 
 
@@ -48,9 +83,12 @@ def parse_args(argv=None):
     p.add_argument("--relay-bin", default=os.environ.get("OUTBOX_RELAY_BIN", "/tmp/relay-new/outbox-relay"))
     p.add_argument("--relays", default="1-3", help="relay count, N or A-B (picked from the seed)")
     p.add_argument("--writers", type=int, default=5, help="writer threads (default 5, at most 6)")
-    p.add_argument("--sinks", choices=SINK_MODES, default=None,
+    p.add_argument("--sinks", choices=list(SINK_MODES) + OTHER_SINK_MODES, default=None,
                    help="file: every relay a file sink; webhook: every relay a webhook whose receiver fails "
-                        "some attempts; mixed: each relay either (default: picked from the seed)")
+                        "some attempts; mixed: each relay either (default: picked from the seed among these); "
+                        "kafka: one real Kafka broker, every relay a kafka sink spreading a key's events over "
+                        "several topics, some of which are created late (tests/fuzz/README.md); kafka-eos: "
+                        "the same with exactly_once, a read_committed reader, no late topic, no duplicate")
     p.add_argument("--without", action="append", default=[], metavar="NAME",
                    help="switch a behaviour off (repeatable; also relay_kill, relay_stop, pg_restart)")
     p.add_argument("--only", default=None, metavar="NAMES",
@@ -99,6 +137,7 @@ class Chaos:
         self.counts = {k: 0 for k in enabled}
         self.problems = []      # (kind, text, time)
         self.last_pg = -INF
+        self.last_kafka = -INF
         self.thread = threading.Thread(target=self.run, name="chaos", daemon=True)
 
     def start(self):
@@ -114,6 +153,8 @@ class Chaos:
                 break
             name = self.rng.choices(names, weights)[0]
             if name == "pg_restart" and mono() - self.last_pg < 30:
+                continue
+            if name == "kafka_restart" and mono() - self.last_kafka < 30:
                 continue
             try:
                 getattr(self, name)()
@@ -187,6 +228,26 @@ class Chaos:
         # A reload holds nothing back: no budget beyond the usual one.
         w.end = w.release_at = mono()
 
+    def kafka_restart(self):
+        """SIGKILL the broker, 0.1-2 s down, start it again (same port and data); the window ends
+        when every topic has a leader again."""
+        self.last_kafka = mono()
+        broker = self.fz.broker
+        down = self.rng.uniform(0.1, 2.0)
+        w = self.fz.ledger.window("kafka_restart", f"kafka broker SIGKILL, down {down:.1f} s")
+        try:
+            broker.kill()
+            time.sleep(down)
+            broker.restart()
+            for topic in self.fz.kafka_topics():
+                broker.create_topic(topic, KAFKA_PARTITIONS)      # exists: waits for its leaders
+        finally:
+            back = mono()
+            w.end = back
+            w.release_at = back + (KAFKA_EOS_RESTART_ALLOWANCE if self.fz.sink_mode == "kafka-eos"
+                                   else KAFKA_RESTART_ALLOWANCE)
+            w.info += f"; back (every topic led) after {back - w.start:.2f} s"
+
     def pg_restart(self):
         self.last_pg = mono()
         w = self.fz.ledger.window("pg_restart", "pg_ctl restart -m fast")
@@ -225,6 +286,12 @@ class Fuzz:
         self._lanes = {}
         self.receiver = None
         self.dead = {}            # uid -> last_error of the rows dead-lettered so far
+        self.broker = None        # --sinks kafka: KafkaBroker, KafkaReader, the late topics
+        self.reader = None
+        self.late = None
+        self.topic_ready = {}     # late row topic -> monotonic time its Kafka topic was ready
+        self.late_thread = None
+        self.late_windows = {}    # late row topic -> its disruption window (kafka_late_topic)
 
     # --- setup
 
@@ -232,8 +299,12 @@ class Fuzz:
         a = self.args
         self.nrelays = pick_range(a.relays, self.rng)
         self.sink_mode = a.sinks or self.rng.choices(list(SINK_MODES), list(SINK_MODES.values()))[0]
+        self.seconds = a.seconds
+        if a.sinks is None and random.Random(f"{self.seed}:kafka").random() < KAFKA_SEED_SHARE:
+            self.sink_mode = "kafka"
         self.enabled = {k: v for k, v in BEHAVIOURS.items() if k not in a.without}
-        self.chaos_enabled = [k for k in CHAOS if k not in a.without]
+        self.chaos_enabled = [k for k in CHAOS if k not in a.without and self.sink_mode in SINK_CHAOS.get(
+            k, (self.sink_mode,))]
         self.workdir = make_workdir()
         self.cluster = Cluster(self.workdir).start()
         with psycopg.connect(self.cluster.url, autocommit=True) as c:
@@ -253,13 +324,17 @@ class Fuzz:
         with psycopg.connect(self.copy_url, autocommit=True) as c:
             fnid_copy = c.execute("SELECT 'fuzz_fp_insert()'::regprocedure::oid").fetchone()[0]
         self.tailer.start()
-        hooks = {"file": [False] * self.nrelays, "webhook": [True] * self.nrelays,
+        hooks = {"file": [False] * self.nrelays, "webhook": [True] * self.nrelays, "kafka": [False] * self.nrelays,
+                 "kafka-eos": [False] * self.nrelays,
                  "mixed": [i % 2 == 0 for i in range(self.nrelays)]}[self.sink_mode]
         if any(hooks):
             self.receiver = Receiver(self.tailer, self.seed).start()
+        kafka = None
+        if self.sink_mode in ("kafka", "kafka-eos"):
+            kafka = self.setup_kafka(eos=self.sink_mode == "kafka-eos")
         for i in range(self.nrelays):
             self.slots.append(RelaySlot(i, a.relay_bin, self.main_url, self.workdir, self.tailer,
-                                        self.receiver if hooks[i] else None).start())
+                                        self.receiver if hooks[i] else None, kafka).start())
         for s in self.slots:
             deadline = mono() + 30
             while mono() < deadline and self.tailer.log_seen(s.index, s.generation, "ordering lanes rebalanced") is None:
@@ -267,6 +342,7 @@ class Fuzz:
                     raise RuntimeError(f"relay{s.index} exited at start: {s.log_path.read_text()[-2000:]}")
                 time.sleep(0.05)
         self.shared = Shared(self.ledger, self.main_url, self.copy_url, fnid, fnid_copy, a.writers)
+        self.shared.late = self.late
         # The rare behaviours (TRUNCATE, sequence caching) wait their cooldown from the start too.
         self.shared.last_admin = {"truncate": mono() - 15, "seq_cache": mono() - 15}
         letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -279,10 +355,128 @@ class Fuzz:
             self.writers.append(Writer(self.shared, i, self.rng.randrange(2 ** 63), self.enabled))
         self.chaos = Chaos(self, random.Random(self.rng.randrange(2 ** 63)),
                            {k: CHAOS[k] for k in self.chaos_enabled}, a.chaos_every)
-        print(f"fuzz: relays {self.nrelays} ({a.relay_bin}), writers {a.writers}, {a.seconds:g} s, "
+        print(f"fuzz: relays {self.nrelays} ({a.relay_bin}), writers {a.writers}, {self.seconds:g} s, "
               f"sinks {', '.join(s.sink for s in self.slots)}, "
               f"latency budget {a.latency:g} s, sequence cache {cache}, behaviours {len(self.enabled)}, "
               f"chaos {', '.join(self.chaos_enabled) or 'off'}; work dir {self.workdir}", flush=True)
+
+    def setup_kafka(self, eos=False):
+        """One broker (no topic created on its own), the topics every writer uses, the reader; the
+        late topics come from late_topics() during the run (not with exactly_once: a transaction
+        holding a record for a missing topic cannot commit, so the whole batch would wait for it).
+        Returns the relays' sink."""
+        started = mono()
+        # kafka-eos: the transaction state topic in one partition (its 50 by default take seconds to
+        # create here at the first transaction: seed 8's first event waited 4.6 s).
+        self.broker = KafkaBroker(self.workdir, ["transaction.state.log.num.partitions=1"] if eos else ()).start()
+        self.reader = KafkaReader(self.tailer, self.broker.bootstrap, read_committed=eos).start()
+        for topic in KAFKA_TOPICS:
+            name = KAFKA_TEMPLATE.replace("{topic}", topic)
+            self.broker.create_topic(name, KAFKA_PARTITIONS)
+            self.reader.add_topic(name, KAFKA_PARTITIONS)
+        if eos:
+            self.broker.create_topic(KAFKA_PROGRESS_TOPIC, 64, {"cleanup.policy": "compact"})
+        else:
+            self.late = LateTopics()
+            self.late_rng = random.Random(self.rng.randrange(2 ** 63))
+        took = mono() - started
+        if self.args.sinks is None:
+            # Picked by the seed: the broker's start counts against --seconds (at most half of it).
+            self.seconds = max(self.args.seconds / 2, self.args.seconds - took)
+        print(f"fuzz: kafka broker {self.broker.bootstrap} ready with {len(KAFKA_TOPICS)} topics in "
+              f"{took:.1f} s{'' if self.seconds == self.args.seconds else f'; writers run {self.seconds:.1f} s'}",
+              flush=True)
+        sink = {"name": "kafka", "type": "kafka", "brokers": self.broker.bootstrap, "topic": KAFKA_TEMPLATE,
+                "delivery_timeout": f"{int(KAFKA_DELIVERY_TIMEOUT * 1000)}ms"}
+        if eos:
+            sink["exactly_once"] = True
+        return sink
+
+    def kafka_topics(self):
+        """The Kafka topics created so far."""
+        with self.ledger.lock:
+            late = list(self.topic_ready)
+        return [KAFKA_TEMPLATE.replace("{topic}", t) for t in KAFKA_TOPICS + late]
+
+    def late_window(self, topic):
+        """The disruption window of a late topic, from a writer's first use of it."""
+        w = self.late_windows.get(topic)
+        if w is None:
+            w = self.ledger.window("kafka_late_topic", f"topic {topic} missing")
+            w.start = min(w.start, self.late.first_use.get(topic, w.start))
+            self.late_windows[topic] = w
+        return w
+
+    def create_late(self, topic):
+        name = KAFKA_TEMPLATE.replace("{topic}", topic)
+        w = self.late_window(topic)
+        ready = self.broker.create_topic(name, KAFKA_PARTITIONS)
+        self.reader.add_topic(name, KAFKA_PARTITIONS)
+        with self.ledger.lock:
+            self.topic_ready[topic] = ready
+        self.late.remove(topic)
+        w.end = ready + KAFKA_DELIVERY_TIMEOUT
+        w.release_at = w.end + KAFKA_NEW_PRODUCER
+        w.info += f"; ready {self.ledger.rel(ready)}"
+
+    def late_topics(self):
+        """A new late row topic at a time: writers pick it for some rows; 0.5-3 s after the first
+        pick its Kafka topic is created; 6-12 s later the next one. At the writers' stop the one
+        pending is created at once (the grace needs it)."""
+        rng, stop = self.late_rng, self.shared.stop
+        n = 0
+        while not stop.is_set():
+            n += 1
+            topic = f"late.{n}"
+            self.late.add(topic)
+            while not stop.is_set() and topic not in self.late.first_use:
+                stop.wait(0.05)
+            if topic in self.late.first_use:
+                self.late_window(topic)
+            if stop.wait(rng.uniform(0.5, 3.0)):
+                break
+            try:
+                self.create_late(topic)
+            except Exception:  # noqa: BLE001 - the broker restarting: tried again at the end
+                with self.ledger.lock:
+                    self.ledger.fuzzer_errors.append((mono(), "late_topics", traceback.format_exc()))
+                return
+            # Apart enough that their windows (kafka_late_topic) do not chain: an event whose
+            # deadline falls before the next one's first use is held to the usual budget.
+            stop.wait(rng.uniform(6.0, 12.0))
+
+    def kafka_holds(self):
+        """The rows whose Kafka topic was created after their commit (or not yet): the sink could not
+        take them before it was ready; released then plus KAFKA_LATE_ALLOWANCE (INF while missing)."""
+        if self.reader is None:
+            return {}, {}
+        with self.ledger.lock:
+            ready = dict(self.topic_ready)
+            names = set(self.late.names) if self.late is not None else set()
+            rows = [r for r in self.ledger.rows.values() if r.topic in names]
+        holds, failures = {}, {}
+        now = mono()
+        # A broker restart: every event in the relays' hands then may fail (a long key's is then
+        # dead-lettered); its release is the window's (checker.apply_windows).
+        restarts = [w for w in self.ledger.snapshot()[2] if w.kind == "kafka_restart"]
+        if restarts:
+            with self.ledger.lock:
+                every = list(self.ledger.rows.values())
+            for r in every:
+                if r.txn.db == "main" and r.txn.end is not None and any(
+                        w.start - 10 <= r.txn.end <= (INF if w.release_at is None else w.release_at) for w in restarts):
+                    failures[r.uid] = [min(w.start for w in restarts if r.txn.end <= (w.release_at or INF))]
+        for r in rows:
+            if r.txn.db != "main" or r.txn.end is None:
+                continue
+            t = ready.get(r.topic, INF)
+            if t > r.txn.end:
+                why = (f"its Kafka topic (row topic {r.topic}) ready at {self.ledger.rel(t)}, + "
+                       f"{KAFKA_LATE_ALLOWANCE:g} s for the retry" if t != INF else
+                       f"its Kafka topic (row topic {r.topic}) not created yet")
+                holds[r.uid] = (t + KAFKA_LATE_ALLOWANCE, why)
+                failures[r.uid] = [min(t, now)]
+        return holds, failures
 
     # --- checks
 
@@ -303,9 +497,14 @@ class Fuzz:
         now = self.tailer.horizon()
         lines, _ = self.tailer.snapshot()
         failures, bad = self.receiver.snapshot() if self.receiver else ({}, [])
+        holds = {}
+        if self.reader is not None:
+            holds, failures = self.kafka_holds()
+            bad = bad + self.reader.snapshot()[1]
         res = check(self.ledger, lines, now, budget=self.args.latency, final=final, relay_exits=self.relay_exits,
                     bad_lines=list(self.tailer.bad_lines) + bad, shrunk=self.tailer.shrunk(), table_uids=table_uids,
-                    lanes=lanes, failures=failures, dead=self.dead, readings=self.tailer.readings_snapshot())
+                    lanes=lanes, failures=failures, dead=self.dead, readings=self.tailer.readings_snapshot(),
+                    holds=holds, no_duplicates=self.sink_mode == "kafka-eos")
         chaos_v = []
         if self.chaos:
             from checker import Violation
@@ -330,7 +529,7 @@ class Fuzz:
     def read_dead_letters(self):
         """The dead-lettered rows: the table's now, and those the TRUNCATEs removed (read under their
         lock). Kept across checks."""
-        if self.receiver is None:
+        if self.receiver is None and self.reader is None:
             return
         with self.ledger.lock:
             for uid, why in self.shared.dead_letters.items():
@@ -353,7 +552,10 @@ class Fuzz:
         for w in self.writers:
             w.start()
         self.chaos.start()
-        end = self.t_start + a.seconds
+        if self.late is not None:
+            self.late_thread = threading.Thread(target=self.late_topics, name="late-topics", daemon=True)
+            self.late_thread.start()
+        end = self.t_start + self.seconds
         next_check = self.t_start + a.check_every
         stopped_early = False
         while mono() < end:
@@ -374,6 +576,10 @@ class Fuzz:
             self.chaos.thread.join(120)
         for s in self.slots:
             s.cont()
+        if self.late is not None:
+            self.late_thread.join(60)
+            for topic in sorted(self.late.names - set(self.topic_ready)):
+                self.create_late(topic)
         print(f"fuzz: writers stopped at {self.ledger.rel(self.writers_end)}"
               f"{' (stopped at the first violation)' if stopped_early else ''}; grace up to {a.grace:g} s", flush=True)
         # Grace: let the relays drain what the current epoch committed.
@@ -550,9 +756,13 @@ class Fuzz:
         print(f"fuzz: events written {st['events_written']}, committed {st['events_committed']} (demanded: "
               f"{st['events_demanded']}; the rest were truncated before due), rolled back "
               f"{st['events_rolled_back']}, other database {st['events_other_db']}; delivered {st['events_delivered']} "
-              f"({st['lines']} lines, {st['duplicates']} duplicates); epochs {st['epochs']}; failed webhook "
-              f"attempts {st['attempts_failed']}; dead-lettered {st['dead_lettered']} (keys over 2,600 bytes: "
+              f"({st['lines']} lines, {st['duplicates']} duplicates); epochs {st['epochs']}; "
+              f"{'rows a broker restart or a late topic may have failed' if self.reader else 'failed webhook attempts'} "
+              f"{st['attempts_failed']}; dead-lettered {st['dead_lettered']} (keys over 2,600 bytes: "
               f"{st['dead_lettered_long_key']})")
+        if self.reader is not None:
+            print(f"fuzz: kafka: records read {self.reader.records}; late topics created {len(self.topic_ready)} "
+                  f"(0.5-3 s after a writer first used one); events held by a late topic {st['held_by_sink']}")
         print(f"fuzz: the relays' readings of the writers seen {st['readings']}; events held by a writer that began "
               f"after their commit, before the next reading: {st['held_by_later_writers']}")
         runs = L.behaviour_runs
@@ -619,10 +829,15 @@ class Fuzz:
         self.tailer.stop()
         if self.receiver:
             self.receiver.stop()
+        if self.reader:
+            self.reader.stop()
+        if self.broker:
+            self.broker.stop()
         if self.cluster:
             self.cluster.stop()
         if self.workdir:
             shutil.rmtree(self.workdir / "pg", ignore_errors=True)
+            shutil.rmtree(self.workdir / "kafka" / "data", ignore_errors=True)
             if failed or self.args.keep:
                 print(f"fuzz: sink files and relay logs kept in {self.workdir}", flush=True)
             else:

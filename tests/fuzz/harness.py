@@ -5,6 +5,7 @@ fastpath call through ctypes."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import http.server
 import json
 import os
@@ -87,7 +88,7 @@ class RelaySlot:
     of this fuzzer; only those are signalled."""
 
     def __init__(self, index: int, relay_bin: str, db_url: str, workdir: Path, tailer: "Tailer",
-                 receiver: "Receiver | None" = None):
+                 receiver: "Receiver | None" = None, kafka: "dict | None" = None):
         self.index = index
         self.relay_bin = relay_bin
         self.workdir = workdir
@@ -110,6 +111,9 @@ class RelaySlot:
             self.sink = "webhook"
             config["sinks"] = [{"name": "hook", "type": "webhook", "url": receiver.url(f"relay{index}"),
                                 "format": "cloudevents", "timeout": "5s", "max_in_flight": 4}]
+        if kafka is not None:
+            self.sink = "kafka"
+            config["sinks"] = [kafka]
         self.config = config
         self.config_path.write_text(json.dumps(config, indent=2))  # JSON is YAML
         self.proc = None
@@ -119,7 +123,7 @@ class RelaySlot:
         self.killed_by_us = set()   # pids we killed or stopped on purpose
         self.exits = []             # (pid, returncode, monotonic time noticed, by_us)
         self.stopped = False        # SIGSTOPped right now
-        if receiver is None:
+        if receiver is None and kafka is None:
             tailer.add_sink(self.sink_path, f"relay{index}")
 
     def start(self):
@@ -563,3 +567,218 @@ class FastpathConn:
         if self.conn:
             self.lib().PQfinish(self.conn)
             self.conn = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Kafka (--sinks kafka): one broker, the topics, a reader of every topic
+
+BROKER_SH = ROOT / "tests" / "kafka" / "broker.sh"
+# Every topic the fuzzer creates: each record carries the broker's append time (ms), the only
+# clock two partitions share.
+TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
+
+
+def kafka_interval(ts_ms: int, wall_minus_mono: float):
+    """A record's delivery instant as the checker's [lo, hi] in monotonic seconds: the broker
+    appended it within the millisecond ts_ms (LogAppendTime; this machine's clock). hi stays below
+    the next millisecond's lo, so two records of different partitions are ordered when their append
+    times differ and ambiguous (neither before the other) when they are equal."""
+    lo = ts_ms / 1000.0 - wall_minus_mono
+    return lo, lo + 0.0009
+
+
+class KafkaBroker:
+    """A single-node KRaft broker (tests/kafka/broker.sh) in the work dir, on a free port, that creates
+    no topic on its own (auto.create.topics.enable=false): a record for a topic the fuzzer has not
+    created yet fails with UNKNOWN_TOPIC_OR_PART, which the relay retries."""
+
+    def __init__(self, base: Path, extra=()):
+        self.dir = base / "kafka"
+        self.extra = list(extra)
+        self.bootstrap = None
+        self.stopped = False
+        self._admin = None
+
+    def _run(self, *args, timeout=180) -> str:
+        proc = subprocess.run([str(BROKER_SH), *args], capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"broker.sh {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+
+    def start(self):
+        self.bootstrap = self._run("start", str(self.dir), "", "auto.create.topics.enable=false", *self.extra)
+        return self
+
+    def admin(self):
+        from confluent_kafka.admin import AdminClient
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        return self._admin
+
+    def create_topic(self, name: str, partitions: int = 3, config=None, timeout=30.0) -> float:
+        """Creates the topic and waits until every partition has a leader; returns the monotonic time
+        it was seen ready. Already there: fine."""
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import NewTopic
+        deadline = mono() + timeout
+        admin = self.admin()
+        while True:
+            try:
+                fut = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
+                                                    config={**TOPIC_CONFIG, **(config or {})})])[name]
+                fut.result(timeout=10)
+                break
+            except Exception as e:  # noqa: BLE001 - KafkaException, or a timeout while the broker restarts
+                if "TOPIC_ALREADY_EXISTS" in str(e) or "already exists" in str(e):
+                    break
+                if mono() > deadline:
+                    raise
+                time.sleep(0.2)
+        while mono() < deadline:
+            try:
+                md = admin.list_topics(name, timeout=5).topics.get(name)
+            except KafkaException:
+                md = None
+            if md and md.error is None and len(md.partitions) == partitions and all(
+                    p.leader >= 0 for p in md.partitions.values()):
+                return mono()
+            time.sleep(0.05)
+        raise RuntimeError(f"kafka topic {name} did not become ready within {timeout:g} s")
+
+    def kill(self):
+        self._run("kill", str(self.dir))
+
+    def restart(self):
+        self._run("restart", str(self.dir))
+
+    def stop(self):
+        if not self.stopped and self.bootstrap:
+            self.stopped = True
+            self._admin = None     # destroyed before the broker goes: no reconnect noise on stderr
+            gc.collect()
+            try:
+                self._run("stop", str(self.dir), timeout=60)
+            except Exception:  # noqa: BLE001 - the end of the run: kill it
+                subprocess.call([str(BROKER_SH), "kill", str(self.dir)], timeout=30)
+
+
+class KafkaReader:
+    """One consumer (confluent-kafka, no group: partitions assigned by hand from the beginning) that
+    reads every topic the fuzzer created, and puts each record into the tailer as a SinkLine of
+    file `<topic>/<partition>` (index = offset: a partition's order is exact), with [lo, hi] from its
+    LogAppendTime (kafka_interval). Its horizon: every few hundred ms it reads the high watermarks of
+    every partition (t0 taken before) and, once it has consumed up to them, every record appended
+    before t0 is in the tailer."""
+
+    def __init__(self, tailer: "Tailer", bootstrap: str, read_committed=False):
+        from confluent_kafka import Consumer
+        self.tailer = tailer
+        # read_committed (kafka-eos): a record is visible from its transaction's commit on, which its
+        # append time precedes: its interval is [append, read] instead.
+        self.read_committed = read_committed
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fuzz-reader",
+                                  "enable.auto.commit": False, "enable.partition.eof": False,
+                                  "fetch.wait.max.ms": 10,
+                                  "isolation.level": "read_committed" if read_committed else "read_uncommitted",
+                                  "socket.connection.setup.timeout.ms": 3000, "reconnect.backoff.max.ms": 500})
+        self.lock = threading.Lock()
+        self.to_assign = []            # [(topic, partitions)] not assigned yet
+        self.assigned = []             # [TopicPartition]
+        self.position = {}             # (topic, partition) -> next offset
+        self.wall_minus_mono = time.time() - mono()
+        self._horizon = mono()
+        self.bad = []                  # (file, text)
+        self.records = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="kafka-reader", daemon=True)
+        tailer.receivers.append(self)
+
+    def add_topic(self, topic: str, partitions: int):
+        with self.lock:
+            self.to_assign.append((topic, partitions))
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self.thread.join(10)
+        try:
+            self.consumer.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def horizon(self) -> float:
+        with self.lock:
+            return self._horizon
+
+    def snapshot(self):
+        return {}, list(self.bad)
+
+    def _record(self, m):
+        topic, part = m.topic(), m.partition()
+        name = f"{topic}/{part}"
+        kind, ts = m.timestamp()
+        try:
+            if kind != 2:     # confluent_kafka.TIMESTAMP_LOG_APPEND_TIME
+                raise ValueError(f"timestamp type {kind}, not LogAppendTime")
+            headers = {}
+            for hname, hval in m.headers() or []:
+                headers[hname] = hval.decode() if hval is not None else None
+            rec = {"id": int(headers.pop("outbox-id")), "key": (m.key() or b"").decode(),
+                   "topic": headers.pop("outbox-topic", None), "payload": json.loads(m.value()),
+                   "headers": {k: v for k, v in headers.items() if not k.startswith("outbox-")}}
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+            self.bad.append((name, f"offset {m.offset()}: {e!r}: {(m.value() or b'')[:200]!r}"))
+            return
+        lo, hi = kafka_interval(ts, self.wall_minus_mono)
+        if self.read_committed:
+            hi = max(hi, mono())
+        with self.tailer.lock:
+            self.tailer.lines.append(SinkLine(rec, name, m.offset(), lo, hi))
+        self.records += 1
+
+    def _run(self):
+        from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+        target, t0, next_sync = None, None, mono()
+        while not self._stop.is_set():
+            try:
+                with self.lock:
+                    new, self.to_assign = self.to_assign, []
+                if new:
+                    tps = [TopicPartition(t, p, OFFSET_BEGINNING) for t, n in new for p in range(n)]
+                    self.consumer.incremental_assign(tps)
+                    self.assigned += [TopicPartition(t, p) for t, n in new for p in range(n)]
+                    for t, n in new:
+                        for p in range(n):
+                            self.position.setdefault((t, p), 0)
+                for m in self.consumer.consume(num_messages=1000, timeout=0.02):
+                    if m.error():
+                        continue
+                    self.position[(m.topic(), m.partition())] = m.offset() + 1
+                    self._record(m)
+                if target is None and mono() >= next_sync:
+                    t0 = mono()
+                    target = {}
+                    for tp in self.assigned:
+                        _, high = self.consumer.get_watermark_offsets(tp, timeout=2, cached=False)
+                        target[(tp.topic, tp.partition)] = high
+                if target is not None and self.read_committed and any(
+                        self.position.get(k, 0) < h for k, h in target.items()):
+                    # A commit marker takes an offset no record has: the consumer's own position
+                    # passes it.
+                    for tp in self.consumer.position(self.assigned):
+                        if tp.offset >= 0:
+                            k = (tp.topic, tp.partition)
+                            self.position[k] = max(self.position.get(k, 0), tp.offset)
+                if target is not None and all(self.position.get(k, 0) >= h for k, h in target.items()):
+                    with self.lock:
+                        self._horizon = t0
+                    target, next_sync = None, mono() + 0.2
+            except KafkaException:
+                target, next_sync = None, mono() + 0.5     # the broker restarting: the horizon waits
+                self._stop.wait(0.1)
+            except Exception as e:  # noqa: BLE001 - a reader must not die silently
+                self.bad.append(("kafka-reader", repr(e)))
+                self._stop.wait(0.1)

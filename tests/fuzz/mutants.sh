@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Shows that the fuzzer can fail: builds the relay with one of the seven holes of issue 42 put back
 # (a mutant: a few lines of the source or of schema/010 undone, the schema being compiled into the
-# binary) and runs tests/fuzz/fuzz.py against it, which must report a violation.
+# binary), or the kafka sink's rule 4 taken out (kafka-rule4: a key's events of one batch sent to
+# several topics, which Kafka does not order against each other; run with --sinks kafka), and runs
+# tests/fuzz/fuzz.py against it, which must report a violation.
 #
 #   tests/fuzz/mutants.sh HOLE [fuzz.py options]     HOLE: one of the names below, or all
 #
@@ -12,7 +14,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 hole=${1:?usage: mutants.sh HOLE|all [fuzz.py options]}
 shift
-holes=(cache fastpath locked database prepared restart longkey)
+holes=(cache fastpath locked database prepared restart longkey kafka-rule4)
 python=${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}/bin/python
 
 # Replaces $2 by $3 in file $1 (fixed strings); fails if $2 is not there (the mutant would be void).
@@ -58,6 +60,11 @@ mutate() {
     longkey)  # 7: an outcome one row cannot take fails every statement that carries it
       swap "$dir/relay/src/postgres/sqlstate.cpp" "    if (code == sqlstate) return true;" \
         "    if (code == sqlstate) return false;" ;;
+    kafka-rule4)  # the kafka sink: a key's events of one batch to one topic only (submit()'s rule 4)
+      swap "$dir/relay/src/sinks/kafka/kafka_sink.cpp" "      if (!config.exactly_once) {
+        const auto [first, inserted] = topic_of_key.try_emplace(event.key, topic);" \
+        "      if (false) {
+        const auto [first, inserted] = topic_of_key.try_emplace(event.key, topic);" ;;
     *) echo "mutants.sh: unknown hole $name (one of: ${holes[*]})" >&2; exit 2 ;;
   esac
 }
@@ -73,9 +80,10 @@ run_one() {
   BUILD_DIR=$dir/build BUILD_TARGETS=outbox-relay "$dir/scripts/build.sh" -DOUTBOX_WERROR=ON > "$dir/build.log" 2>&1 \
     || { tail -20 "$dir/build.log"; exit 1; }
   echo "== mutant $name: fuzzing"
-  local start rc=0
+  local start rc=0 extra=()
+  case "$name" in kafka-*) extra=(--sinks kafka) ;; esac
   start=$(date +%s)
-  "$python" "$root/tests/fuzz/fuzz.py" --relay-bin "$dir/build/bin/outbox-relay" "$@" > "$dir/fuzz.log" 2>&1 || rc=$?
+  "$python" "$root/tests/fuzz/fuzz.py" --relay-bin "$dir/build/bin/outbox-relay" "${extra[@]}" "$@" > "$dir/fuzz.log" 2>&1 || rc=$?
   local took=$(($(date +%s) - start))
   grep -E "^(seed|fuzz:|VIOLATION|violation)" "$dir/fuzz.log" | head -8 || true
   if [ "$rc" -ne 0 ]; then

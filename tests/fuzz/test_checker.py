@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from checker import READING_CAP, check  # noqa: E402
-from harness import Reading, SinkLine  # noqa: E402
+from harness import Reading, SinkLine, kafka_interval  # noqa: E402
 from ledger import Ledger, Truncate  # noqa: E402
 
 
@@ -191,3 +191,98 @@ def test_a_writer_that_began_before_the_relays_next_reading_holds_it_at_most_rea
     assert kinds(check(L, lines, now=20.0, readings=[])) == []
     later.start = 1.5 + READING_CAP + 0.1
     assert kinds(check(L, lines, now=20.0, readings=[])) == ["late"]
+
+
+# --- --sinks kafka: records of several partitions, ordered by their LogAppendTime (ms)
+
+def kafka_line(r, topic, partition, offset, ts_ms):
+    lo, hi = kafka_interval(ts_ms, 0.0)
+    return line(r, f"{topic}/{partition}", offset, lo, hi)
+
+
+def test_kafka_a_later_event_appended_in_an_earlier_millisecond_of_another_topic_is_out_of_order():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 0.0, 1.0), "b", "K", 2)
+    # One batch: id 1 to topic t1 (retried, appended at 1.250 s), id 2 to t2 appended at 1.100 s.
+    res = check(L, [kafka_line(b, "t2", 0, 0, 1100), kafka_line(a, "t1", 1, 0, 1250)], now=10.0)
+    assert kinds(res) == ["order"]
+    # One millisecond apart is enough: the broker appended id 2 in an earlier millisecond.
+    res = check(L, [kafka_line(b, "t2", 0, 0, 1100), kafka_line(a, "t1", 1, 0, 1101)], now=10.0)
+    assert kinds(res) == ["order"]
+    # In id order across topics: fine.
+    res = check(L, [kafka_line(a, "t1", 1, 0, 1100), kafka_line(b, "t2", 0, 0, 1101)], now=10.0)
+    assert kinds(res) == []
+
+
+def test_kafka_the_same_millisecond_in_two_partitions_is_ambiguous_not_a_violation():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 0.0, 1.0), "b", "K", 2)
+    res = check(L, [kafka_line(b, "t2", 0, 0, 1100), kafka_line(a, "t1", 1, 0, 1100)], now=10.0)
+    assert kinds(res) == []
+
+
+def test_kafka_one_partition_orders_by_offset_whatever_the_timestamps():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 0.0, 1.0), "b", "K", 2)
+    res = check(L, [kafka_line(b, "t1", 0, 7, 1100), kafka_line(a, "t1", 0, 8, 1100)], now=10.0)
+    assert kinds(res) == ["order"]
+    # A duplicate of id 2 after id 1, in another topic: the first deliveries decide.
+    res = check(L, [kafka_line(a, "t1", 0, 7, 1100), kafka_line(b, "t1", 0, 8, 1100),
+                    kafka_line(b, "t2", 2, 0, 1050)], now=10.0)
+    assert kinds(res) == ["order"]
+    res = check(L, [kafka_line(a, "t1", 0, 7, 1100), kafka_line(b, "t1", 0, 8, 1100),
+                    kafka_line(b, "t2", 2, 0, 1300)], now=10.0)
+    assert kinds(res) == []
+
+
+def test_kafka_a_late_topic_holds_its_event_and_its_keys_later_events_and_no_other_key():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 1.0, 1.1), "b", "K", 2)
+    c = row(L, txn(L, "x", 1.0, 1.1), "c", "J", 3)
+    ready = 2.5 + 3.5       # its topic ready at 2.5 s, plus the retry's allowance
+    holds = {"a": (ready, "topic created late")}
+    ok = [kafka_line(a, "late", 0, 0, 7000), kafka_line(b, "t1", 0, 0, 7100), kafka_line(c, "t1", 1, 0, 1200)]
+    res = check(L, ok, now=10.0, holds=holds)
+    assert kinds(res) == []
+    assert res.stats["held_by_sink"] == 1
+    # Past the hold plus the budget: late; the other key is not held by it.
+    late = [kafka_line(a, "late", 0, 0, 8200), kafka_line(b, "t1", 0, 0, 8300), kafka_line(c, "t1", 1, 0, 3200)]
+    assert kinds(check(L, late, now=10.0, holds=holds)) == ["late", "late", "late"]
+    # A topic not created yet: neither it nor its key's later events are demanded; other keys are.
+    res = check(L, [], now=10.0, holds={"a": (float("inf"), "not created yet")})
+    assert kinds(res) == ["missing"] and res.violations[0].uids == ["c"]
+
+
+def test_kafka_a_long_key_held_by_a_late_topic_may_be_dead_lettered():
+    L = Ledger()
+    long_key = "L" * 3000
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", long_key, 1)
+    b = row(L, txn(L, "x", 1.0, 1.1), "b", long_key, 2)
+    why = {"a": "index row size 3020 exceeds btree version 4 maximum 2704"}
+    res = check(L, [kafka_line(b, "t1", 0, 0, 1300)], now=10.0, holds={"a": (4.0, "late topic")}, dead=why)
+    assert kinds(res) == []
+    # Without the hold (no reason it failed): a violation, and the row counts as not delivered.
+    assert kinds(check(L, [kafka_line(b, "t1", 0, 0, 1300)], now=10.0, dead=why)) == ["dead_lettered", "missing",
+                                                                                         "order"]
+
+
+def test_an_undelivered_lower_id_counts_only_against_a_delivery_before_the_horizon():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 0.0, 1.0), "b", "K", 2)
+    # b's record was read, a's (another partition, appended earlier) not yet: the reader's horizon
+    # (every record appended before it has been read) is below b's append time.
+    assert kinds(check(L, [kafka_line(b, "t2", 0, 0, 1100)], now=1.05)) == []
+    assert kinds(check(L, [kafka_line(b, "t2", 0, 0, 1100)], now=1.2)) == ["order"]
+
+
+def test_kafka_eos_a_duplicate_is_a_violation_only_when_asked():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    twice = [kafka_line(a, "t1", 0, 0, 1100), kafka_line(a, "t1", 0, 1, 1200)]
+    assert kinds(check(L, twice, now=10.0)) == []
+    assert kinds(check(L, twice, now=10.0, no_duplicates=True)) == ["duplicate"]

@@ -109,6 +109,38 @@ class Gate:
             self.cond.notify_all()
 
 
+class LateTopics:
+    """--sinks kafka: row topics whose Kafka topic the fuzzer creates only 0.5-3 s after a writer
+    first used one (the broker creates none itself): the relay gets UNKNOWN_TOPIC_OR_PART for such an
+    event and must retry it while holding its key's later events (to topics that exist, other
+    partitions) and letting other keys go. Writers pick a pending one for `rate` of their rows."""
+
+    def __init__(self, rate=0.04):
+        self.lock = threading.Lock()
+        self.rate = rate
+        self.pending = []          # names writers may pick now
+        self.first_use = {}        # name -> monotonic time a writer first picked it
+        self.names = set()         # every late topic so far
+
+    def add(self, name):
+        with self.lock:
+            self.pending.append(name)
+            self.names.add(name)
+
+    def remove(self, name):
+        with self.lock:
+            if name in self.pending:
+                self.pending.remove(name)
+
+    def pick(self, rng):
+        with self.lock:
+            if not self.pending or rng.random() >= self.rate:
+                return None
+            name = rng.choice(self.pending)
+            self.first_use.setdefault(name, mono())
+            return name
+
+
 class Shared:
     """What every writer thread sees."""
 
@@ -126,6 +158,7 @@ class Shared:
         self.prepared_slots = threading.BoundedSemaphore(12)   # max_prepared_transactions is 20
         self.long_keys = []
         self.dead_letters = {}                   # uid -> last_error, read just before each TRUNCATE
+        self.late = None                         # LateTopics (--sinks kafka)
 
 
 class Ctx:
@@ -208,6 +241,10 @@ class Ctx:
         return "".join(self.rng.choice(string.ascii_letters + string.digits) for _ in range(n))
 
     def topic(self) -> str:
+        if self.s.late is not None:
+            name = self.s.late.pick(self.rng)
+            if name is not None:
+                return name
         return self.rng.choice(TOPICS)
 
     def headers(self, uid) -> dict:
