@@ -245,15 +245,12 @@ def test_a_drain_puts_two_batches_in_one_transaction(db, relays, kafka_broker):
     print(f"\ndrain of 40 batches: {committed:.0f} transactions, {two} of them with two batches")
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (issue 44): a mark lists ids, not rows; after TRUNCATE ... "
-                   "RESTART IDENTITY a new row whose id an old mark lists is skipped as already in Kafka")
 def test_ids_reused_after_truncate_restart_identity_are_not_skipped(db, relays, kafka_broker):
     """Found by the fuzzer's kafka-eos mode (seed 11, 2026-12-07): a relay killed after a Kafka
     commit leaves the batch's ids in the last mark; the table is then truncated with RESTART
-    IDENTITY and new rows take the same ids; the next takeover finds those ids still pending,
-    keeps them as already committed, and marks the new rows delivered without producing them.
-    Strict xfail: this test says the gap is there, and fails once it is closed (then drop the
-    mark)."""
+    IDENTITY and new rows take the same ids. The next takeover finds those ids still pending; a
+    mark of ids alone made it skip the new rows as already in Kafka (300 lost on 0845701 and
+    61d8081). The mark also lists each id's created_at, and a row is skipped only if both match."""
     row_topic = unique("eos-reuse")
     kafka_topic = "outbox." + row_topic
     kafka_broker.create_topic(kafka_topic, partitions=4)

@@ -5,10 +5,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
@@ -171,6 +171,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     // Exactly once: the events' ids, which of them went into the transaction, and the outcomes
     // its end decided (set: the batch is out of its transaction, and its late reports are ignored).
     std::vector<EventId> ids;
+    std::vector<std::int64_t> created;  // each event's created_at (microseconds)
     std::vector<bool> sent;
     std::optional<std::vector<Outcome>> settled;
   };
@@ -200,8 +201,12 @@ struct KafkaSinkImpl final : public KafkaSink {
   // The ledger: ids committed to Kafka whose outcome the store may not have (every mark carries
   // them), and the highest id ever committed. Its own mutex: outcomes_written() trims it on the
   // loop thread while publish() runs on a helper thread.
+  // id -> the row's created_at (microseconds; 0: not known, from a mark of a relay before it was
+  // written). An id names a row only until the table's ids are reused (TRUNCATE ... RESTART
+  // IDENTITY, the sequence set back): a claimed row is skipped as already in Kafka only if its
+  // created_at is the one listed (0: by its id alone).
   std::mutex ledger_mutex;
-  std::set<EventId> ledger;
+  std::map<EventId, std::int64_t> ledger;
   EventId high_water = 0;
   EosCounters eos;
 
@@ -761,7 +766,8 @@ struct KafkaSinkImpl final : public KafkaSink {
   struct Mark {
     EventId high_water = 0;
     std::vector<EventId> ids;
-    std::string table;  // Store::identity() of the relay that wrote it (empty: it did not say)
+    std::vector<std::int64_t> created;  // parallel to ids (0: the mark did not say)
+    std::string table;                  // Store::identity() of the relay that wrote it (empty: it did not say)
   };
 
   // Reads the group's last committed mark (read_committed): nullopt on failure (error set), an
@@ -851,6 +857,12 @@ struct KafkaSinkImpl final : public KafkaSink {
       mark.high_water = doc.value("hw", EventId{0});
       mark.table = doc.value("table", std::string{});
       for (const auto& id : doc["ids"]) mark.ids.push_back(id.get<EventId>());
+      mark.created.assign(mark.ids.size(), 0);
+      // "created" (since 2026-12-07): each id's created_at; relays before it ignore it.
+      if (const auto created = doc.find("created");
+          created != doc.end() && created->is_array() && created->size() == mark.ids.size()) {
+        for (std::size_t i = 0; i < mark.ids.size(); ++i) mark.created[i] = (*created)[i].get<std::int64_t>();
+      }
       return mark;
     }
     return mark;
@@ -960,7 +972,8 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
     {
       std::lock_guard ledger_lock(ledger_mutex);
-      ledger = std::set<EventId>(mark.ids.begin(), mark.ids.end());
+      ledger.clear();
+      for (std::size_t i = 0; i < mark.ids.size(); ++i) ledger.emplace(mark.ids[i], mark.created[i]);
       high_water = std::max(high_water, mark.high_water);
     }
     producer = std::move(made[0]);
@@ -980,7 +993,11 @@ struct KafkaSinkImpl final : public KafkaSink {
 
   void keep_pending(std::span<const EventId> still_pending) override {
     std::lock_guard ledger_lock(ledger_mutex);
-    ledger = std::set<EventId>(still_pending.begin(), still_pending.end());
+    std::map<EventId, std::int64_t> kept;
+    for (const EventId id : still_pending) {
+      if (const auto it = ledger.find(id); it != ledger.end()) kept.insert(*it);
+    }
+    ledger = std::move(kept);
   }
 
   void outcomes_written(std::span<const Completion> completions) override {
@@ -996,8 +1013,9 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
   }
 
-  std::string mark_value(const std::vector<EventId>& ids, EventId hw) const {
-    return nlohmann::json{{"v", 1}, {"hw", hw}, {"ids", ids}, {"groups", 1}, {"txn", txn_id}, {"table", store_id}}
+  std::string mark_value(const std::vector<EventId>& ids, const std::vector<std::int64_t>& created, EventId hw) const {
+    return nlohmann::json{{"v", 1},      {"hw", hw},      {"ids", ids},       {"created", created},
+                          {"groups", 1}, {"txn", txn_id}, {"table", store_id}}
         .dump();
   }
 
@@ -1061,7 +1079,7 @@ struct KafkaSinkImpl final : public KafkaSink {
       std::lock_guard ledger_lock(ledger_mutex);
       for (std::size_t i = 0; i < results.size(); ++i) {
         if (batch.sent[i]) {
-          ledger.insert(batch.ids[i]);
+          ledger[batch.ids[i]] = batch.created[i];
           outcomes.push_back(Outcome::delivered());
         } else {
           outcomes.push_back(results[i] ? std::move(*results[i]) : Outcome::retry("not produced"));
@@ -1107,13 +1125,18 @@ struct KafkaSinkImpl final : public KafkaSink {
       return;
     }
     batch.ids.reserve(n);
-    for (const Event* e : events) batch.ids.push_back(e->id);
+    batch.created.reserve(n);
+    for (const Event* e : events) {
+      batch.ids.push_back(e->id);
+      batch.created.push_back(e->created_at_us);
+    }
     batch.sent.assign(n, false);
     std::size_t skipped = 0;
     {
       std::lock_guard ledger_lock(ledger_mutex);
       for (std::size_t i = 0; i < n; ++i) {
-        if (ledger.count(batch.ids[i]) > 0) {
+        const auto listed = ledger.find(batch.ids[i]);
+        if (listed != ledger.end() && (listed->second == 0 || listed->second == batch.created[i])) {
           batch.results[i] = Outcome::delivered();  // committed in an earlier transaction, not yet marked
           ++skipped;
         }
@@ -1161,25 +1184,32 @@ struct KafkaSinkImpl final : public KafkaSink {
     Batch& first = *in_transaction.front();
     Batch& last = *in_transaction.back();
     const auto deadline = first.deadline;
-    std::vector<EventId> mark_ids;
+    std::map<EventId, std::int64_t> listed;
     EventId hw = 0;
     {
       std::lock_guard ledger_lock(ledger_mutex);
-      mark_ids.assign(ledger.begin(), ledger.end());
+      listed = ledger;
       hw = high_water;
     }
     for (const Batch* b : in_transaction) {
       for (std::size_t i = 0; i < b->ids.size(); ++i) {
         if (!b->sent[i]) continue;
-        mark_ids.push_back(b->ids[i]);
+        listed[b->ids[i]] = b->created[i];
         hw = std::max(hw, b->ids[i]);
       }
     }
-    std::sort(mark_ids.begin(), mark_ids.end());
+    std::vector<EventId> mark_ids;
+    std::vector<std::int64_t> mark_created;
+    mark_ids.reserve(listed.size());
+    mark_created.reserve(listed.size());
+    for (const auto& [id, created] : listed) {
+      mark_ids.push_back(id);
+      mark_created.push_back(created);
+    }
     bool fatal = !fatal_why.empty();
     std::string mark_error;
     if (!fatal) {
-      const std::string value = mark_value(mark_ids, hw);
+      const std::string value = mark_value(mark_ids, mark_created, hw);
       rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR;
       do {
         // A full queue (the events just produced fill it): serve delivery reports and try again.
