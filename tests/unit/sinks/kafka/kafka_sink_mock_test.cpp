@@ -590,13 +590,22 @@ TEST_SUITE("kafka-mock") {
     sink->submit(pointers(first));
     sink->submit(pointers(second));
     const auto started = SteadyClock::now();
-    for (const auto& outcomes : {sink->collect(), sink->collect()}) {
-      REQUIRE(outcomes.size() == 100);
-      for (const auto& o : outcomes) {
-        CHECK(o.kind == OutcomeKind::kRetry);
-        CHECK(o.reason.find("fatal Kafka producer error") == 0);
-      }
-    }
+    const auto older = sink->collect();
+    const auto newer = sink->collect();
+    REQUIRE(older.size() == 100);
+    REQUIRE(newer.size() == 100);
+    const auto voided = [](const std::vector<Outcome>& outcomes) {
+      return std::all_of(outcomes.begin(), outcomes.end(), [](const Outcome& o) {
+        return o.kind == OutcomeKind::kRetry && o.reason.find("fatal Kafka producer error") == 0;
+      });
+    };
+    // The newer batch is in flight when the error comes, so it is voided whole. The older one is
+    // too, unless every report of it came before the error (its acknowledgements are real then;
+    // seen under ASan's timing): all delivered or all voided, never a part of it delivered.
+    CHECK(voided(newer));
+    const bool older_delivered =
+        std::all_of(older.begin(), older.end(), [](const Outcome& o) { return o.kind == OutcomeKind::kDelivered; });
+    CHECK((older_delivered || voided(older)));
     CHECK(SteadyClock::now() - started < seconds{4});  // no wait for a deadline
     CHECK(sink->producer_replacements() == 1);
     const auto retried = sink->publish(pointers(first));
