@@ -404,6 +404,16 @@ class Writers:
             conn.close()
 
 
+def check_held_keys_caught_up(db, messages, order: dict, ids, held: dict):
+    """The end of the pipelined sinks' failure tests (nats, rabbitmq), once nothing is pending:
+    nothing dead-lettered, every id once (`order`: the sink's check_order() of `messages`, which
+    asserts per-key order), and each held key's events (`held`: key -> ids) all there, in id order."""
+    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert order["duplicates"] == 0 and order["ids"] == set(ids)
+    for key, key_ids in held.items():
+        assert [m.outbox_id for m in messages if m.key == key] == key_ids
+
+
 def check_failed_events_hold_their_keys(db, held_ids, held2_ids, other_ids, what, error_fragment):
     """The pipelined sinks' failure tests (nats, rabbitmq): once every event of the other keys is
     delivered, the failed events (held_ids[1], held2_ids[0]) have been retried, the held keys'
