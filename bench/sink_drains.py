@@ -22,7 +22,7 @@ from pgcost import free_port, process_cpu_seconds
 SEED_SQL = """
 INSERT INTO outbox_events (topic, aggregate_id, payload)
 SELECT 'order.paid', 'order-' || (g % 10000),
-       jsonb_build_object('order_id', g, 'amount_cents', (g * 7919) % 100000, 'currency', 'EUR',
+       jsonb_build_object('order_id', g, 'amount_cents', (g::bigint * 7919) % 100000, 'currency', 'EUR',
                           'customer', 'customer-' || (g % 977), 'paid_at', '2026-11-30T06:32:22Z',
                           'items', (g % 5) + 1)
 FROM generate_series(1, {count}) AS g
@@ -78,9 +78,10 @@ def timed_drain(url, relay_bin, work: Path, name, sink, events, batch_size, log_
                 timeout=600) -> dict:
     """Drains the pending events with a relay publishing to `sink`; valid when every row is marked
     and the relay exited 0 on SIGTERM. rate = events / seconds. Also where the time went (the
-    relay's /metrics and CPU at the end: where_the_time_went)."""
+    relay's /metrics and CPU at the end: where_the_time_went). batch_size None: the relay's
+    default."""
     listen = f"127.0.0.1:{free_port()}"
-    cfg = {"database": {"url": url}, "relay": {"batch_size": batch_size},
+    cfg = {"database": {"url": url}, "relay": {} if batch_size is None else {"batch_size": batch_size},
            "http": {"enabled": True, "listen": listen}, "log": {"level": log_level}, "sinks": [sink]}
     path = work / f"drain-{name}.yaml"
     path.write_text(json.dumps(cfg, indent=2))  # JSON is YAML

@@ -58,8 +58,11 @@ class Run:
         time.sleep(0.5)
 
     def batch_size(self, mode):
-        """alo: --batch-size; eos<N> (or old-eos<N>): N (eos alone: --batch-size)."""
+        """alo: --batch-size; eos<N> (or old-eos<N>): N (eos alone: --batch-size); eosdefault:
+        None, relay.batch_size left out (the relay's default for an exactly-once sink)."""
         mode = mode.removeprefix("old-")
+        if mode == "eosdefault":
+            return None
         return int(mode[3:]) if mode.startswith("eos") and mode[3:] else self.a.batch_size
 
     def sink(self, mode, topic):
@@ -117,7 +120,8 @@ class Run:
         sql(self.a.url, "CHECKPOINT")
         topic = f"bench.eos.steady.{mode}.{int(time.time())}"
         self.create_topic(topic)
-        cfg = {"database": {"url": self.a.url}, "relay": {"batch_size": self.batch_size(mode)},
+        relay = {} if self.batch_size(mode) is None else {"batch_size": self.batch_size(mode)}
+        cfg = {"database": {"url": self.a.url}, "relay": relay,
                "http": {"enabled": False}, "log": {"level": self.a.relay_log_level},
                "sinks": [self.sink(mode, topic)]}
         path = self.work / f"steady-{mode}.yaml"
@@ -128,7 +132,8 @@ class Run:
         reader = subprocess.Popen([sys.executable, __file__, "--consume", self.a.brokers, topic, str(seen_path),
                                    str(self.a.consumer_fetch_wait_ms)])
         time.sleep(2)
-        with open(self.logs / f"relay-steady-{mode}.log", "w") as lf:
+        n = len(list(self.logs.glob(f"relay-steady-{mode}*.log")))
+        with open(self.logs / f"relay-steady-{mode}{'-' + str(n + 1) if n else ''}.log", "w") as lf:
             relay = subprocess.Popen([self.a.relay_bin, "run", "--config", str(path)], stdout=subprocess.DEVNULL,
                                      stderr=lf)
             try:
@@ -195,10 +200,34 @@ class Run:
                                        "per_round": [round(x, 3) for x in pairs]}
         out["broker_cpu_us_per_event_drain"] = {
             m: statistics.median([r[m]["broker_cpu_us_per_event"] for r in out["rounds"]] or [0]) for m in modes}
+        self.steady_rounds(out, modes)
+        return out
+
+    def steady_rounds(self, out, modes):
+        """--steady-rounds rounds of the steady run, at-least-once and exactly-once alternating
+        (the order flips each round); each mode's p99 median over the rounds."""
+        for i in range(self.a.steady_rounds):
+            for mode in modes[:2] if i % 2 == 0 else modes[1::-1]:
+                log(f"steady round {i + 1}: {self.a.latency_rate}/s for {self.a.latency_seconds}s: {mode}")
+                s = self.steady(mode)
+                log(f"  {s}")
+                out.setdefault(f"steady_{mode}_rounds", []).append(s)
         for mode in modes[:2]:
-            log(f"steady {self.a.latency_rate}/s for {self.a.latency_seconds}s: {mode}")
-            out[f"steady_{mode}"] = self.steady(mode)
-            log(f"  {out[f'steady_{mode}']}")
+            rounds = out[f"steady_{mode}_rounds"]
+            out[f"steady_{mode}"] = dict(rounds[len(rounds) // 2]) if len(rounds) == 1 else {
+                **rounds[0], "commit_to_consumer_ms": {
+                    k: round(statistics.median(r["commit_to_consumer_ms"][k] for r in rounds), 2)
+                    for k in ("p50", "p99", "max", "samples")},
+                "broker_cpu_us_per_event": round(statistics.median(r["broker_cpu_us_per_event"] for r in rounds), 2),
+                "p99_per_round": [r["commit_to_consumer_ms"]["p99"] for r in rounds]}
+
+    def steady_only(self):
+        """--steady-only: the steady runs without the drains (a latency diagnosis)."""
+        subprocess.run([self.a.relay_bin, "migrate"], env={"DATABASE_URL": self.a.url, "PATH": "/usr/bin:/bin"},
+                       check=True, capture_output=True, timeout=120)
+        out = {"started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+               "config": {k: v for k, v in vars(self.a).items() if k != "url"}, "modes": ["alo", "eos"]}
+        self.steady_rounds(out, out["modes"])
         return out
 
 
@@ -245,7 +274,8 @@ def main():
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--eos-batch-sizes", default="500",
-                   help="exactly-once drains at these relay batch sizes (at least once: --batch-size)")
+                   help="exactly-once drains at these relay batch sizes (at least once: --batch-size); "
+                        "'default': relay.batch_size left out")
     p.add_argument("--eos-properties", default="",
                    help="k=v;... librdkafka properties for the exactly-once sink (a diagnosis, e.g. debug=eos)")
     p.add_argument("--relay-log-level", default="info",
@@ -257,12 +287,16 @@ def main():
     p.add_argument("--latency-rate", type=int, default=1000)
     p.add_argument("--latency-seconds", type=int, default=30)
     p.add_argument("--latency-warmup", type=float, default=3.0)
+    p.add_argument("--steady-rounds", type=int, default=1,
+                   help="steady runs per mode, alternating at-least-once and exactly-once; medians")
+    p.add_argument("--steady-only", action="store_true", help="the steady runs alone, no drains")
     a = p.parse_args()
-    r = Run(a).run()
+    r = Run(a).steady_only() if a.steady_only else Run(a).run()
     Path(a.out).write_text(json.dumps(r, indent=1, default=str))
-    m = r["drain_median"]
-    print(f"drain of {a.events} (median, events/s): {m}; over at least once {r['drain_ratio_over_alo']} "
-          f"(target >= 0.7); broker CPU us/event {r['broker_cpu_us_per_event_drain']}")
+    if not a.steady_only:
+        m = r["drain_median"]
+        print(f"drain of {a.events} (median, events/s): {m}; over at least once {r['drain_ratio_over_alo']} "
+              f"(target >= 0.7); broker CPU us/event {r['broker_cpu_us_per_event_drain']}")
     if "eos_over_old_eos" in r:
         print(f"exactly once, this binary over --relay-bin-old, per round and median: {r['eos_over_old_eos']}")
     for mode in r["modes"][:2]:
@@ -270,7 +304,8 @@ def main():
         c = s["commit_to_consumer_ms"]
         print(f"steady {a.latency_rate}/s {mode}: commit-to-consumer (read_committed) p50 {c['p50']} ms, "
               f"p99 {c['p99']} ms, max {c['max']} ms ({c['samples']} events, {s['missing_at_consumer']} missing); "
-              f"broker CPU {s['broker_cpu_us_per_event']} us/event")
+              f"broker CPU {s['broker_cpu_us_per_event']} us/event"
+              + (f"; p99 per round {s['p99_per_round']}" if "p99_per_round" in s else ""))
     print(f"written: {a.out}")
 
 

@@ -78,6 +78,7 @@ int check_config(const Options& o) {
   }
   if (c.sinks.empty() && errors.empty()) errors.emplace_back("sinks: expected at least one sink");
   const auto prepared = outbox::app::prepare_sinks(c, &errors);
+  outbox::app::apply_sink_defaults(c, prepared);
   outbox::app::register_secrets(c);
   for (const auto& e : errors) {
     std::fprintf(stderr, "outbox-relay: config error: %s\n",

@@ -118,6 +118,21 @@ def test_print_shows_defaults_and_masks_secrets(workdir):
         assert secret not in proc.stdout + proc.stderr
 
 
+def test_print_shows_the_batch_size_an_exactly_once_sink_asks_for(workdir):
+    """relay.batch_size left out: 2000 with an exactly-once Kafka sink, 500 without; a value in
+    the file stands. The same effective value `run` uses and logs at start."""
+    def printed(relay, exactly_once):
+        text = (f"database: {{url: '{URL}'}}\n{relay}sinks:\n"
+                f"  - {{name: k, type: kafka, brokers: 'b:9092', topic: t, exactly_once: {exactly_once}}}\n")
+        proc = check(workdir, text, "--print")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)["relay"]
+    assert printed("", "true")["batch_size"] == 2000
+    assert printed("", "false")["batch_size"] == 500
+    assert printed("relay: {batch_size: 300}\n", "true")["batch_size"] == 300
+    assert printed("", "true")["in_flight_bytes"] == 64 << 20
+
+
 def test_print_masks_every_sinks_secrets(workdir):
     """The effective config of every sink type carrying a password in its URL or properties: none of
     them is printed (the same description `run` logs at start)."""

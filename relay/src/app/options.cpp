@@ -8,7 +8,7 @@ namespace outbox::app {
 
 LoopOptions loop_options(const config::Config& config) {
   const auto& r = config.relay;
-  return LoopOptions{r.batch_size, r.max_attempts, r.backoff, r.outcome_delay};
+  return LoopOptions{r.batch_size, r.max_attempts, r.backoff, r.outcome_delay, r.in_flight_bytes};
 }
 
 RunnerOptions runner_options(const config::Config& config) {

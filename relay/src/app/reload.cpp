@@ -81,6 +81,9 @@ std::optional<SinkGeneration> Reloader::read_next(config::ConfigDiff& diff) {
   const bool read_ok = errors.empty();
   config::Config next = config::keep_restart_keys(current_.config, read);
   std::vector<sinks::PreparedSink> prepared = prepare_sinks(next, &errors);
+  // Both: the diff then names relay.batch_size when a sink's preference moves it.
+  apply_sink_defaults(next, prepared);
+  apply_sink_defaults(read, prepared);
   if (read_ok) diff = config::diff_configs(current_.config, read);
   if (!errors.empty()) {
     refuse(text, errors);

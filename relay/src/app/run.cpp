@@ -59,6 +59,12 @@ std::vector<sinks::PreparedSink> prepare_sinks(const config::Config& config, std
   return sinks::prepare_sinks(config, default_cloudevents_source(config.database.url, config.database.table), errors);
 }
 
+void apply_sink_defaults(config::Config& config, const std::vector<sinks::PreparedSink>& prepared) {
+  if (config.relay.batch_size_given) return;
+  for (const auto& s : prepared)
+    config.relay.batch_size = std::max(config.relay.batch_size, s.spec->preferred_batch_size());
+}
+
 void register_secrets(const config::Config& config) {
   log::add_secret(database_password(config.database.url));
   if (const char* env = std::getenv("PGPASSWORD")) log::add_secret(env);
@@ -99,10 +105,11 @@ void wait_for_stop(Bell& bell, const sigset_t& signals, Reloader& reloader) {
 
 }  // namespace
 
-int run_relay(const config::Config& config, const ConfigSource& source) {
+int run_relay(config::Config config, const ConfigSource& source) {
   const sigset_t signals = block_signals();
 
   const auto prepared = prepare_sinks(config);  // ConfigError naming the key: exit 2
+  apply_sink_defaults(config, prepared);
   const std::string instance_id = config.relay.instance_id.empty() ? default_instance_id() : config.relay.instance_id;
   auto described = config::describe(config);
   described["sinks"] = sinks::describe(prepared);

@@ -13,7 +13,7 @@ namespace outbox::app {
 // Throws config::ConfigError (exit 2) before anything runs when http.listen cannot be bound or
 // database.url leads to a transaction pooler (postgres/pooler.hpp).
 // Must be called before any other thread exists: it blocks the stop signals and SIGHUP process-wide.
-int run_relay(const config::Config& config, const ConfigSource& source);
+int run_relay(config::Config config, const ConfigSource& source);
 
 // Registers the database password (and other secrets in the config) with the log redactor.
 void register_secrets(const config::Config& config);
@@ -28,5 +28,9 @@ std::string default_cloudevents_source(const std::string& database_url, const st
 // Throws config::ConfigError naming the key; with errors, keeps each sink's there instead.
 std::vector<sinks::PreparedSink> prepare_sinks(const config::Config& config,
                                                std::vector<std::string>* errors = nullptr);
+// What the sinks ask of the relay's settings the file leaves out: relay.batch_size, the largest
+// any sink prefers (SinkSpec::preferred_batch_size) if above the default. Called wherever sinks
+// are prepared for a config that runs, is checked or is reloaded, so all three agree.
+void apply_sink_defaults(config::Config& config, const std::vector<sinks::PreparedSink>& prepared);
 
 }  // namespace outbox::app

@@ -48,7 +48,10 @@ DatabaseConfig parse_database(Section& s) {
 
 RelaySection parse_relay(Section& s) {
   RelaySection c;
+  c.batch_size_given = s.has("batch_size");
   c.batch_size = static_cast<std::size_t>(s.integer_or("batch_size", static_cast<long long>(c.batch_size), 1, 10'000));
+  c.in_flight_bytes = static_cast<std::size_t>(
+      s.integer_or("in_flight_bytes", static_cast<long long>(c.in_flight_bytes), 1LL << 20, 64LL << 30));
   c.lease = s.duration_or("lease", c.lease);
   c.writer_hold_warning = s.duration_or("writer_hold_warning", c.writer_hold_warning);
   c.sweep_interval = s.duration_or("sweep_interval", c.sweep_interval);
@@ -389,6 +392,7 @@ nlohmann::json describe(const Config& c) {
               {"max", format_duration(c.database.reconnect.max)}}}}},
           {"relay",
            {{"batch_size", c.relay.batch_size},
+            {"in_flight_bytes", c.relay.in_flight_bytes},
             {"lease", format_duration(c.relay.lease)},
             {"writer_hold_warning", format_duration(c.relay.writer_hold_warning)},
             {"sweep_interval", format_duration(c.relay.sweep_interval)},

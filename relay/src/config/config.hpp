@@ -31,7 +31,12 @@ struct DatabaseConfig {
 enum class OnSuccess { kMark, kDelete };
 
 struct RelaySection {
+  // Rows per claim. Left out: 500, or what a sink asks for if more (app::apply_sink_defaults: 2,000
+  // with an exactly-once Kafka sink, whose transactions cost per batch).
   std::size_t batch_size = 500;
+  bool batch_size_given = false;  // the file sets it: no sink changes it
+  // LoopOptions::in_flight_bytes: at most this many bytes of events in a pipelined drain's sinks.
+  std::size_t in_flight_bytes = 64ULL << 20;
   std::chrono::milliseconds lease{60'000};
   std::chrono::milliseconds sweep_interval{30'000};
   // How often the relay polls the table for new events while they flow, and (growing to it) once

@@ -47,6 +47,7 @@ std::vector<std::pair<std::string, std::string>> reloadable_values(const Config&
   for (const auto& r : c.routes) routes.push_back({r.topics, r.sinks});
   return {
       {"relay.batch_size", std::to_string(c.relay.batch_size)},
+      {"relay.in_flight_bytes", std::to_string(c.relay.in_flight_bytes)},
       {"relay.max_attempts", std::to_string(c.relay.max_attempts)},
       {"relay.backoff.initial", d(c.relay.backoff.initial)},
       {"relay.backoff.max", d(c.relay.backoff.max)},

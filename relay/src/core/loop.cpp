@@ -146,6 +146,7 @@ struct RelayLoop::Batch {
     bool deferred = false;
   };
   std::vector<Event> events;
+  std::size_t bytes = 0;  // of the events the sinks get: payload, key, topic and headers (the byte window)
   std::vector<Verdict> verdicts;
   std::vector<std::vector<const Event*>> per_sink;       // what each sink gets
   std::deque<Event> stripped;                            // copies without a sink's reserved headers
@@ -425,6 +426,7 @@ RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const KeyHolds& h
       verdict.permanent = "no route matches topic '" + event.topic + "'";
       continue;
     }
+    batch.bytes += event.payload.size() + event.key.size() + event.topic.size() + event.headers_json.size();
     for (std::size_t s : routed) {
       const auto& done = verdict.done;
       if (std::find(done.begin(), done.end(), sinks_[s]->name()) != done.end()) continue;
@@ -560,9 +562,13 @@ void RelayLoop::collect(Batch& batch) {
 }
 
 void RelayLoop::publish_pipelined(Batch& batch, Batch* in_flight, bool leave) {
-  // Events of a key with an event in the batch still in the sinks wait for its outcomes.
+  // Events of a key with an event in the batch still in the sinks wait for its outcomes; all of
+  // them do when the two batches together pass the byte window (LoopOptions::in_flight_bytes).
   std::vector<bool> behind;
-  if (in_flight) behind = events_behind(batch.events, in_flight->events);
+  if (in_flight) {
+    behind = in_flight->bytes + batch.bytes <= options_.in_flight_bytes ? events_behind(batch.events, in_flight->events)
+                                                                        : std::vector<bool>(batch.events.size(), true);
+  }
   std::vector<Batch::Submission> waiting(sinks_.size());
   for (std::size_t s = 0; s < sinks_.size(); ++s) {
     auto& events = batch.per_sink[s];

@@ -35,6 +35,11 @@ struct LoopOptions {
   // be written; before every full claim, lane hand-over and shutdown. 0: each poll carries the
   // outcomes of the one before.
   std::chrono::milliseconds outcome_delay;
+  // The byte window of pipelined sinks: a batch enters the sinks while the one before is still
+  // unacknowledged only if the two hold at most this many bytes of events (payload, key, topic,
+  // headers); otherwise it waits for the one before's outcomes, as with an unpipelined sink. A
+  // batch larger than this alone still goes, alone.
+  std::size_t in_flight_bytes;
 };
 
 struct BatchResult {

@@ -22,6 +22,9 @@ class SinkSpec {
   virtual ~SinkSpec() = default;
   virtual nlohmann::json describe() const = 0;  // secrets masked
   virtual std::unique_ptr<Sink> make(const std::string& name) const = 0;
+  // The relay.batch_size this sink asks for when the config leaves it out; 0: the relay's default.
+  // A sink whose cost is per batch rather than per event asks for more (Kafka exactly once).
+  virtual std::size_t preferred_batch_size() const { return 0; }
 };
 
 struct SinkType {
@@ -43,6 +46,13 @@ SinkType sink_type(std::string name, Settings (*parse)(config::Section&), nlohma
         : settings_(std::move(settings)), description_(std::move(description)) {}
     nlohmann::json describe() const override { return description_; }
     std::unique_ptr<Sink> make(const std::string& sink_name) const override { return make_sink(sink_name, settings_); }
+    std::size_t preferred_batch_size() const override {
+      if constexpr (requires { settings_.preferred_batch_size(); }) {
+        return settings_.preferred_batch_size();
+      } else {
+        return 0;
+      }
+    }
 
    private:
     Settings settings_;

@@ -1049,6 +1049,25 @@ TEST_CASE("pipelined: the next batch enters the sink before the previous batch's
   for (EventId id = 1; id <= 5; ++id) CHECK(f.store.of(id).kind == Kind::kDelivered);
 }
 
+TEST_CASE("pipelined: a batch that would pass the byte window with the one in flight waits for its outcomes") {
+  Fixture f;
+  f.options.batch_size = 2;
+  f.options.in_flight_bytes = 100;  // an event of event() is 20 bytes: payload 7, key 1, topic 10, headers 2
+  PipelinedSink p{"p"};
+  Event big = event(6, "w");
+  big.payload = "\"" + std::string(78, 'x') + "\"";           // 93 bytes
+  f.store.batches.push_back({event(1, "x"), event(2, "y")});  // 40
+  f.store.batches.push_back({event(3, "z"), event(4, "y")});  // 40: 80 with the one in flight, fits
+  f.store.batches.push_back({event(5, "v"), big});            // 113: more than the window alone, goes alone
+  f.store.batches.push_back({event(7, "u")});                 // 20: 133 with the one in flight
+  auto loop = f.make(f.one, {&p});
+  const auto r = loop.drain({});
+  CHECK(r.delivered == 7);
+  // 4 (key y) waits for 2, as any key does; 5 and 6 wait for 3 and 4; 7 waits for 5 and 6.
+  CHECK(p.calls == std::vector<std::string>{"s1,2", "s3", "c1,2", "s4", "c3", "c4", "s5,6", "c5,6", "s7", "c7"});
+  CHECK(p.queue.empty());
+}
+
 TEST_CASE("pipelined: an event whose key is in flight waits for it, and is released if it failed") {
   Fixture f;
   f.options.batch_size = 3;
