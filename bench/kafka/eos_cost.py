@@ -200,19 +200,19 @@ class Run:
                                        "per_round": [round(x, 3) for x in pairs]}
         out["broker_cpu_us_per_event_drain"] = {
             m: statistics.median([r[m]["broker_cpu_us_per_event"] for r in out["rounds"]] or [0]) for m in modes}
-        self.steady_rounds(out, modes)
+        self.steady_rounds(out, modes[:2])
         return out
 
     def steady_rounds(self, out, modes):
         """--steady-rounds rounds of the steady run, at-least-once and exactly-once alternating
         (the order flips each round); each mode's p99 median over the rounds."""
         for i in range(self.a.steady_rounds):
-            for mode in modes[:2] if i % 2 == 0 else modes[1::-1]:
+            for mode in modes if i % 2 == 0 else modes[::-1]:
                 log(f"steady round {i + 1}: {self.a.latency_rate}/s for {self.a.latency_seconds}s: {mode}")
                 s = self.steady(mode)
                 log(f"  {s}")
                 out.setdefault(f"steady_{mode}_rounds", []).append(s)
-        for mode in modes[:2]:
+        for mode in modes if self.a.steady_rounds else []:
             rounds = out[f"steady_{mode}_rounds"]
             out[f"steady_{mode}"] = dict(rounds[len(rounds) // 2]) if len(rounds) == 1 else {
                 **rounds[0], "commit_to_consumer_ms": {
@@ -226,7 +226,8 @@ class Run:
         subprocess.run([self.a.relay_bin, "migrate"], env={"DATABASE_URL": self.a.url, "PATH": "/usr/bin:/bin"},
                        check=True, capture_output=True, timeout=120)
         out = {"started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-               "config": {k: v for k, v in vars(self.a).items() if k != "url"}, "modes": ["alo", "eos"]}
+               "config": {k: v for k, v in vars(self.a).items() if k != "url"},
+               "modes": self.a.steady_modes.split(",")}
         self.steady_rounds(out, out["modes"])
         return out
 
@@ -290,6 +291,8 @@ def main():
     p.add_argument("--steady-rounds", type=int, default=1,
                    help="steady runs per mode, alternating at-least-once and exactly-once; medians")
     p.add_argument("--steady-only", action="store_true", help="the steady runs alone, no drains")
+    p.add_argument("--steady-modes", default="alo,eos",
+                   help="--steady-only: these modes (alo, eos<N>, eosdefault), alternating")
     a = p.parse_args()
     r = Run(a).steady_only() if a.steady_only else Run(a).run()
     Path(a.out).write_text(json.dumps(r, indent=1, default=str))
@@ -299,7 +302,7 @@ def main():
               f"(target >= 0.7); broker CPU us/event {r['broker_cpu_us_per_event_drain']}")
     if "eos_over_old_eos" in r:
         print(f"exactly once, this binary over --relay-bin-old, per round and median: {r['eos_over_old_eos']}")
-    for mode in r["modes"][:2]:
+    for mode in (r["modes"] if a.steady_only else r["modes"][:2]) if a.steady_rounds else []:
         s = r[f"steady_{mode}"]
         c = s["commit_to_consumer_ms"]
         print(f"steady {a.latency_rate}/s {mode}: commit-to-consumer (read_committed) p50 {c['p50']} ms, "
