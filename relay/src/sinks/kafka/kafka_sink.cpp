@@ -1167,6 +1167,20 @@ struct KafkaSinkImpl final : public KafkaSink {
     batch.produced = SteadyClock::now();
   }
 
+  // Commits the open transaction of rk, its records all acknowledged: null, or the error.
+  // Bounded by `until`, not -1 (the remaining transaction time): only EndTxn is left, and a
+  // coordinator that does not answer (its broker restarting) would hold every lane until
+  // transaction_timeout. A retriable error leaves the commit going on: called again, never aborted;
+  // past `until` the commit's outcome is in doubt and the caller drops the producer (rdkafka.h
+  // advises -1 because a timed-out call may leave the producer's state desynchronised: this one is
+  // not used again). Thread: under mutex.
+  static ErrorPtr commit_until(rd_kafka_t* rk, SteadyClock::time_point until) {
+    for (;;) {
+      ErrorPtr failed(rd_kafka_commit_transaction(rk, std::max(1, clamp_ms(until - SteadyClock::now()))));
+      if (!failed || !rd_kafka_error_is_retriable(failed.get()) || SteadyClock::now() >= until) return failed;
+    }
+  }
+
   // Ends the open transaction: the progress mark, a flush, the commit (or the abort); settles every
   // batch in it. Thread: under mutex.
   void end_transaction() {
@@ -1235,18 +1249,23 @@ struct KafkaSinkImpl final : public KafkaSink {
     // Sends at once (ignoring linger.ms) and serves the delivery reports; the commit then only
     // ends the transaction.
     const auto produced_at = SteadyClock::now();
-    if (!fatal) rd_kafka_flush(rk, clamp_ms(deadline - SteadyClock::now()));
+    const bool flushed =
+        !fatal && rd_kafka_flush(rk, clamp_ms(deadline - SteadyClock::now())) == RD_KAFKA_RESP_ERR_NO_ERROR;
     const auto flushed_at = SteadyClock::now();
+    if (!fatal && !flushed) {
+      // Not all acknowledged by the first batch's deadline: the broker is down or unreachable (a
+      // restart). The commit would wait for them until librdkafka times them out (the message
+      // timeout is transaction_timeout), and then the abort for the coordinator; the lanes would
+      // stand still meanwhile (measured: 10 s, then the abort until the broker was back). No EndTxn
+      // was sent, so the transaction cannot commit: the producer is dropped, and the takeover's
+      // init_transactions aborts the transaction once the broker answers and reads the mark.
+      return settle_dropped(in_transaction,
+                            "not every record of the transaction was acknowledged within "
+                            "delivery_timeout; the transaction is aborted by the takeover");
+    }
     test_hold("before_commit", n, in_transaction.size());
     ErrorPtr failed;
-    if (!fatal) {
-      // -1: the remaining transaction time (other values risk librdkafka's state, rdkafka.h).
-      // A retriable error leaves the commit going on: call again, never abort.
-      for (int tries = 0;; ++tries) {
-        failed.reset(rd_kafka_commit_transaction(rk, -1));
-        if (!failed || !rd_kafka_error_is_retriable(failed.get()) || tries >= 3) break;
-      }
-    }
+    if (!fatal) failed = commit_until(rk, flushed_at + config.delivery_timeout);
     if (!fatal && !failed) {
       test_hold("after_commit", n, in_transaction.size());
       ++eos.committed;
@@ -1267,7 +1286,9 @@ struct KafkaSinkImpl final : public KafkaSink {
       return settle_dropped(in_transaction, mark_error.empty() ? fatal_why : mark_error);
     }
     const std::string why = describe(failed.get());
-    if (ErrorPtr abort_failed(rd_kafka_abort_transaction(rk, -1)); abort_failed) {
+    // Bounded as the commit: an abort that times out drops the producer, and the takeover's init
+    // aborts the transaction.
+    if (ErrorPtr abort_failed(rd_kafka_abort_transaction(rk, clamp_ms(config.delivery_timeout))); abort_failed) {
       return settle_failed(in_transaction, "abort_transaction", abort_failed.get());
     }
     ++eos.aborted;
