@@ -1167,11 +1167,12 @@ struct KafkaSinkImpl final : public KafkaSink {
     batch.produced = SteadyClock::now();
   }
 
-  // Commits the open transaction of rk, its records all acknowledged: null, or the error.
-  // Bounded by `until`, not -1 (the remaining transaction time): only EndTxn is left, and a
-  // coordinator that does not answer (its broker restarting) would hold every lane until
-  // transaction_timeout. A retriable error leaves the commit going on: called again, never aborted;
-  // past `until` the commit's outcome is in doubt and the caller drops the producer (rdkafka.h
+  // Commits the open transaction of rk, its records all acknowledged: null, or the error. Bounded
+  // by `until` (delivery_timeout from the call: a relay paused between the flush and the commit
+  // still gets its answer, a fence among them), not -1 (the remaining transaction time): only
+  // EndTxn is left, and a coordinator that does not answer (its broker restarting) would hold every
+  // lane until transaction_timeout. A retriable error leaves the commit going on: called again,
+  // never aborted; past `until` its outcome is in doubt and the caller drops the producer (rdkafka.h
   // advises -1 because a timed-out call may leave the producer's state desynchronised: this one is
   // not used again). Thread: under mutex.
   static ErrorPtr commit_until(rd_kafka_t* rk, SteadyClock::time_point until) {
@@ -1265,7 +1266,7 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
     test_hold("before_commit", n, in_transaction.size());
     ErrorPtr failed;
-    if (!fatal) failed = commit_until(rk, flushed_at + config.delivery_timeout);
+    if (!fatal) failed = commit_until(rk, SteadyClock::now() + config.delivery_timeout);
     if (!fatal && !failed) {
       test_hold("after_commit", n, in_transaction.size());
       ++eos.committed;
