@@ -312,6 +312,13 @@ struct KafkaSinkImpl final : public KafkaSink {
       // librdkafka registers a transaction's partitions with the coordinator after linger.ms (to
       // batch them): on a steady stream every transaction waits it out. publish() flushes anyway.
       if (!user_sets("linger.ms") && !user_sets("queue.buffering.max.ms")) set("linger.ms", "1", here);
+      // librdkafka doubles its reconnect backoff per failed attempt, up to 10 s, for the bootstrap
+      // and the coordinator connection each: a restarted broker is found up to 10 s late, while
+      // every lane waits on this producer's commit, abort or init (measured: events flowed again
+      // 3.5-10.7 s after the broker served again, "Delaying next reconnect by 9999ms"). Not with
+      // the user's reconnect.backoff.ms, which librdkafka requires to be at most the max.
+      if (!user_sets("reconnect.backoff.max.ms") && !user_sets("reconnect.backoff.ms"))
+        set("reconnect.backoff.max.ms", "1000", here);
     } else {
       // Infinite in librdkafka: a message it times out leaves a gap in its partition's sequence
       // (1, 4, 5), which could let a later event of a key land while an earlier one is retried.
@@ -1162,6 +1169,21 @@ struct KafkaSinkImpl final : public KafkaSink {
     batch.produced = SteadyClock::now();
   }
 
+  // Commits the open transaction of rk, its records all acknowledged: null, or the error. Bounded
+  // by `until` (delivery_timeout from the call: a relay paused between the flush and the commit
+  // still gets its answer, a fence among them), not -1 (the remaining transaction time): only
+  // EndTxn is left, and a coordinator that does not answer (its broker restarting) would hold every
+  // lane until transaction_timeout. A retriable error leaves the commit going on: called again,
+  // never aborted; past `until` its outcome is in doubt and the caller drops the producer (rdkafka.h
+  // advises -1 because a timed-out call may leave the producer's state desynchronised: this one is
+  // not used again). Thread: under mutex.
+  static ErrorPtr commit_until(rd_kafka_t* rk, SteadyClock::time_point until) {
+    for (;;) {
+      ErrorPtr failed(rd_kafka_commit_transaction(rk, std::max(1, clamp_ms(until - SteadyClock::now()))));
+      if (!failed || !rd_kafka_error_is_retriable(failed.get()) || SteadyClock::now() >= until) return failed;
+    }
+  }
+
   // Ends the open transaction: the progress mark, a flush, the commit (or the abort); settles every
   // batch in it. Thread: under mutex.
   void end_transaction() {
@@ -1230,18 +1252,23 @@ struct KafkaSinkImpl final : public KafkaSink {
     // Sends at once (ignoring linger.ms) and serves the delivery reports; the commit then only
     // ends the transaction.
     const auto produced_at = SteadyClock::now();
-    if (!fatal) rd_kafka_flush(rk, clamp_ms(deadline - SteadyClock::now()));
+    const bool flushed =
+        !fatal && rd_kafka_flush(rk, clamp_ms(deadline - SteadyClock::now())) == RD_KAFKA_RESP_ERR_NO_ERROR;
     const auto flushed_at = SteadyClock::now();
+    if (!fatal && !flushed) {
+      // Not all acknowledged by the first batch's deadline: the broker is down or unreachable (a
+      // restart). The commit would wait for them until librdkafka times them out (the message
+      // timeout is transaction_timeout), and then the abort for the coordinator; the lanes would
+      // stand still meanwhile (measured: 10 s, then the abort until the broker was back). No EndTxn
+      // was sent, so the transaction cannot commit: the producer is dropped, and the takeover's
+      // init_transactions aborts the transaction once the broker answers and reads the mark.
+      return settle_dropped(in_transaction,
+                            "not every record of the transaction was acknowledged within "
+                            "delivery_timeout; the transaction is aborted by the takeover");
+    }
     test_hold("before_commit", n, in_transaction.size());
     ErrorPtr failed;
-    if (!fatal) {
-      // -1: the remaining transaction time (other values risk librdkafka's state, rdkafka.h).
-      // A retriable error leaves the commit going on: call again, never abort.
-      for (int tries = 0;; ++tries) {
-        failed.reset(rd_kafka_commit_transaction(rk, -1));
-        if (!failed || !rd_kafka_error_is_retriable(failed.get()) || tries >= 3) break;
-      }
-    }
+    if (!fatal) failed = commit_until(rk, SteadyClock::now() + config.delivery_timeout);
     if (!fatal && !failed) {
       test_hold("after_commit", n, in_transaction.size());
       ++eos.committed;
@@ -1262,7 +1289,9 @@ struct KafkaSinkImpl final : public KafkaSink {
       return settle_dropped(in_transaction, mark_error.empty() ? fatal_why : mark_error);
     }
     const std::string why = describe(failed.get());
-    if (ErrorPtr abort_failed(rd_kafka_abort_transaction(rk, -1)); abort_failed) {
+    // Bounded as the commit: an abort that times out drops the producer, and the takeover's init
+    // aborts the transaction.
+    if (ErrorPtr abort_failed(rd_kafka_abort_transaction(rk, clamp_ms(config.delivery_timeout))); abort_failed) {
       return settle_failed(in_transaction, "abort_transaction", abort_failed.get());
     }
     ++eos.aborted;
