@@ -73,6 +73,8 @@ KAFKA_RESTART_ALLOWANCE = KAFKA_DELIVERY_TIMEOUT + 2.0 + 1.0
 # coordinator aborts it (the sink's transaction_timeout, 10 s here) or a takeover fences it.
 # (Seed 8's first kafka-eos run: events 2.3 s past the 4.5 s allowance after a broker restart.)
 KAFKA_EOS_RESTART_ALLOWANCE = 10.0 + KAFKA_RESTART_ALLOWANCE
+# kafka-eos: the log line of a relay that took the lanes over (the one that publishes).
+EOS_TAKEOVER = "kafka takeover: producer initialised"
 MAIN_DB, COPY_DB = "fuzz_main", "fuzz_copy"
 
 
@@ -178,12 +180,57 @@ class Chaos:
             time.sleep(0.05)
         return None
 
+    def _taken_over(self, after, timeout=30.0):
+        """kafka-eos: when a live relay took the lanes over (its producer initialised, the mark
+        read back) after `after`, or None. One relay owns every lane; the others stand by and log
+        no rebalance, so a rebalance is not the sign of a relay at work."""
+        deadline = mono() + timeout
+        while mono() < deadline:
+            seen = [self.fz.tailer.log_seen(s.index, s.generation, EOS_TAKEOVER, after)
+                    for s in self.fz.slots if s.alive()]
+            seen = [t for t in seen if t is not None]
+            if seen:
+                return min(seen)
+            time.sleep(0.05)
+        return None
+
+    def _relay_kill_eos(self, slot, down, w):
+        """relay_kill in kafka-eos mode: the window ends when the restarted relay listens and, if
+        the killed one owned the lanes, when a relay (any) took them over."""
+        last = self.fz.tailer.log_last(EOS_TAKEOVER)
+        owned = last is not None and last[1:] == (slot.index, slot.generation)
+        killed = mono()
+        slot.kill()
+        time.sleep(down)
+        started = mono()
+        slot.start()
+        deadline = started + 30
+        seen = None
+        while seen is None and mono() < deadline and slot.alive():
+            seen = self.fz.tailer.log_seen(slot.index, slot.generation, "listening", started)
+            time.sleep(0.05)
+        if seen is None:
+            self.problems.append(("restart_stuck", f"relay{slot.index} (generation {slot.generation}) restarted at "
+                                  f"{self.fz.ledger.rel(started)} did not log 'listening' within 30 s", started))
+            seen = mono()
+        if owned:
+            took = self._taken_over(killed)
+            if took is None:
+                self.problems.append(("takeover_stuck", f"no relay took the lanes over within 30 s of relay"
+                                      f"{slot.index}'s kill at {self.fz.ledger.rel(killed)}", killed))
+            seen = max(seen, took or mono())
+        w.end = seen
+        w.release_at = seen + 1.0
+        w.info += f"; {'owner' if owned else 'standby'}, back {seen - started:.2f} s after its start"
+
     def relay_kill(self):
         slot = self._slot()
         if slot is None:
             return
         down = self.rng.uniform(0.1, 2.0)
         w = self.fz.ledger.window("relay_kill", f"relay{slot.index} SIGKILL, down {down:.1f} s")
+        if self.fz.sink_mode == "kafka-eos":
+            return self._relay_kill_eos(slot, down, w)
         slot.kill()
         time.sleep(down)
         started = mono()
@@ -254,7 +301,13 @@ class Chaos:
         self.fz.cluster.restart()
         back = mono()
         seen = []
-        for slot in self.fz.slots:
+        if self.fz.sink_mode == "kafka-eos":  # every session died: some relay takes the lanes over
+            took = self._taken_over(back - 0.5)
+            if took is None:
+                self.problems.append(("takeover_stuck", "no relay took the lanes over within 30 s of Postgres "
+                                      "coming back", back))
+            seen.append(took or mono())
+        for slot in self.fz.slots if self.fz.sink_mode != "kafka-eos" else []:
             if slot.alive():
                 t = self._rebalanced(slot, back - 0.5)
                 if t is None and slot.alive():
@@ -335,12 +388,19 @@ class Fuzz:
         for i in range(self.nrelays):
             self.slots.append(RelaySlot(i, a.relay_bin, self.main_url, self.workdir, self.tailer,
                                         self.receiver if hooks[i] else None, kafka).start())
+        # Each relay has rebalanced; with kafka-eos each listens (a standby gains no lane) and one
+        # has taken the lanes over.
+        ready = "listening" if self.sink_mode == "kafka-eos" else "ordering lanes rebalanced"
         for s in self.slots:
             deadline = mono() + 30
-            while mono() < deadline and self.tailer.log_seen(s.index, s.generation, "ordering lanes rebalanced") is None:
+            while mono() < deadline and self.tailer.log_seen(s.index, s.generation, ready) is None:
                 if not s.alive():
                     raise RuntimeError(f"relay{s.index} exited at start: {s.log_path.read_text()[-2000:]}")
                 time.sleep(0.05)
+        deadline = mono() + 30
+        while (self.sink_mode == "kafka-eos" and mono() < deadline
+               and self.tailer.log_last(EOS_TAKEOVER) is None):
+            time.sleep(0.05)
         self.shared = Shared(self.ledger, self.main_url, self.copy_url, fnid, fnid_copy, a.writers)
         self.shared.late = self.late
         # The rare behaviours (TRUNCATE, sequence caching) wait their cooldown from the start too.

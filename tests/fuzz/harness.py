@@ -352,6 +352,15 @@ class Tailer:
         starts += [r.horizon() for r in self.receivers]
         return min((s for s in starts if s is not None), default=self.start_time) if starts else mono()
 
+    def log_last(self, pattern):
+        """(time, slot, generation) of the newest log line of any relay whose msg contains pattern,
+        or None."""
+        with self.lock:
+            for t, _, s, g, d in reversed(self.log_lines):
+                if pattern in str(d.get("msg", "")):
+                    return t, s, g
+        return None
+
     def log_seen(self, slot, generation, pattern, after=0.0):
         """The monotonic time a relay incarnation's log first showed msg containing pattern after
         `after`, or None."""
