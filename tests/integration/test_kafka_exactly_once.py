@@ -421,6 +421,44 @@ def test_broker_restart_mid_stream(db, relays, own_kafka_broker, transaction_tim
     assert recovery <= BROKER_RECOVERY_S, f"events flowed again {recovery:.1f}s after the broker was back"
 
 
+def test_a_broker_too_slow_for_delivery_timeout_costs_attempts(db, relays, own_kafka_broker):
+    """The only broker SIGSTOPped for 4 s (longer than delivery_timeout, 2 s) while events flow: the
+    transaction whose records were not acknowledged in time is dropped and aborted by the takeover,
+    and its events retry at the cost of an attempt, as with an aborted transaction. A broker
+    always too slow for delivery_timeout then ends in dead letters after max_attempts, not in
+    takeovers without end (which a release without an attempt would give). Exactly once holds.
+    A pause may land on a transaction's commit instead (in doubt: released, no attempt), so the
+    broker is paused up to four times until a row shows the retry."""
+    broker = own_kafka_broker
+    row_topic = unique("eos-slow")
+    kafka_topic = "outbox." + row_topic
+    broker.create_topic(kafka_topic, partitions=3)
+    relay = relays(relay_config(db, broker, "outbox.{topic}", delivery_timeout="2s"))
+    relay.wait_log("kafka takeover: producer initialised")
+    writers = Writers(db, count=2, per_writer=3000, keys=20, topic=row_topic, pause=0.01).start()
+    retried = ("SELECT count(*) FROM outbox_events WHERE attempts > 0 "
+               "AND last_error LIKE '%acknowledged within delivery_timeout%'")
+    for _ in range(4):
+        wait_until(lambda: db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL") >= 200,
+                   timeout=60, message="events flowing before the pause")
+        os.kill(broker.pid(), signal.SIGSTOP)
+        try:
+            time.sleep(4)
+        finally:
+            os.kill(broker.pid(), signal.SIGCONT)
+        deadline = time.monotonic() + 5  # the takeover, then the outcomes written
+        while db.scalar(retried) == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if db.scalar(retried) > 0:
+            break
+    warned = [(l.get("msg"), l.get("reason") or l.get("error")) for l in relay.logs() if l.get("level") == "warn"]
+    assert db.scalar(retried) > 0, f"no event of a transaction not acknowledged in time cost an attempt: {warned}"
+    writers.join()
+    wait_until(lambda: pending(db) == 0, timeout=180, message="no pending rows after the pauses")
+    assert_exactly_once(db, broker.bootstrap, kafka_topic, expected_rows=6000)
+    assert relay.alive()
+
+
 def test_reload_rebuilds_the_sink_with_a_takeover_and_refuses_to_turn_it_off(db, relays, kafka_broker):
     """SIGHUP with a changed exactly-once sink: the new sink takes the lanes over (fencing the old
     producer) before it publishes, nothing twice; a reload that turns exactly_once off is refused."""

@@ -1261,10 +1261,15 @@ struct KafkaSinkImpl final : public KafkaSink {
       // timeout is transaction_timeout), and then the abort for the coordinator; the lanes would
       // stand still meanwhile (measured: 10 s, then the abort until the broker was back). No EndTxn
       // was sent, so the transaction cannot commit: the producer is dropped, and the takeover's
-      // init_transactions aborts the transaction once the broker answers and reads the mark.
-      return settle_dropped(in_transaction,
-                            "not every record of the transaction was acknowledged within "
-                            "delivery_timeout; the transaction is aborted by the takeover");
+      // init_transactions aborts the transaction once the broker answers and reads the mark. As
+      // for an aborted transaction, its events retry at a cost of an attempt: a broker too slow
+      // for delivery_timeout (events too large for it) must end in dead letters, as with the
+      // at-least-once sink, not in takeovers without end.
+      const std::string why = "not every record of the transaction was acknowledged within delivery_timeout";
+      drop_transactional(why + "; the takeover aborts it");
+      ++eos.aborted;
+      for (Batch* b : in_transaction) settle_aborted(*b, why);
+      return;
     }
     test_hold("before_commit", n, in_transaction.size());
     ErrorPtr failed;
