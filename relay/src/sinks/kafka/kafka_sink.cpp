@@ -1184,6 +1184,33 @@ struct KafkaSinkImpl final : public KafkaSink {
     }
   }
 
+  // The progress mark of a transaction of these batches: the ledger and every id they produced,
+  // each with its created_at; hw: the highest id in it. Thread: under mutex.
+  std::string transaction_mark(std::span<Batch* const> in_transaction, EventId& hw) {
+    std::map<EventId, std::int64_t> listed;
+    {
+      std::lock_guard ledger_lock(ledger_mutex);
+      listed = ledger;
+      hw = high_water;
+    }
+    for (const Batch* b : in_transaction) {
+      for (std::size_t i = 0; i < b->ids.size(); ++i) {
+        if (!b->sent[i]) continue;
+        listed[b->ids[i]] = b->created[i];
+        hw = std::max(hw, b->ids[i]);
+      }
+    }
+    std::vector<EventId> ids;
+    std::vector<std::int64_t> created;
+    ids.reserve(listed.size());
+    created.reserve(listed.size());
+    for (const auto& [id, at] : listed) {
+      ids.push_back(id);
+      created.push_back(at);
+    }
+    return mark_value(ids, created, hw);
+  }
+
   // Ends the open transaction: the progress mark, a flush, the commit (or the abort); settles every
   // batch in it. Thread: under mutex.
   void end_transaction() {
@@ -1206,32 +1233,11 @@ struct KafkaSinkImpl final : public KafkaSink {
     Batch& first = *in_transaction.front();
     Batch& last = *in_transaction.back();
     const auto deadline = first.deadline;
-    std::map<EventId, std::int64_t> listed;
     EventId hw = 0;
-    {
-      std::lock_guard ledger_lock(ledger_mutex);
-      listed = ledger;
-      hw = high_water;
-    }
-    for (const Batch* b : in_transaction) {
-      for (std::size_t i = 0; i < b->ids.size(); ++i) {
-        if (!b->sent[i]) continue;
-        listed[b->ids[i]] = b->created[i];
-        hw = std::max(hw, b->ids[i]);
-      }
-    }
-    std::vector<EventId> mark_ids;
-    std::vector<std::int64_t> mark_created;
-    mark_ids.reserve(listed.size());
-    mark_created.reserve(listed.size());
-    for (const auto& [id, created] : listed) {
-      mark_ids.push_back(id);
-      mark_created.push_back(created);
-    }
     bool fatal = !fatal_why.empty();
     std::string mark_error;
     if (!fatal) {
-      const std::string value = mark_value(mark_ids, mark_created, hw);
+      const std::string value = transaction_mark(in_transaction, hw);
       rd_kafka_resp_err_t err = RD_KAFKA_RESP_ERR_NO_ERROR;
       do {
         // A full queue (the events just produced fill it): serve delivery reports and try again.
