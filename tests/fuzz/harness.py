@@ -352,6 +352,14 @@ class Tailer:
         starts += [r.horizon() for r in self.receivers]
         return min((s for s in starts if s is not None), default=self.start_time) if starts else mono()
 
+    def reading_seen(self, slot, generation, after):
+        """The hi of a relay incarnation's first reading of the writers seen after `after`, or None."""
+        with self.lock:
+            for q in self.readings:
+                if q.slot == slot and q.generation == generation and q.lo >= after:
+                    return q.hi
+        return None
+
     def log_last(self, pattern):
         """(time, slot, generation) of the newest log line of any relay whose msg contains pattern,
         or None."""
