@@ -53,6 +53,14 @@ class Broker:
     def pid(self) -> int:
         return int((self.dir / "pid").read_text())
 
+    def set_producer_quota(self, client_id: str, bytes_per_second: int):
+        """A client quota on produce throughput (producer_byte_rate) for one client.id: the broker
+        delays its answers so that the client produces no faster, as a shared cluster does."""
+        subprocess.run([str(BROKER_SH), "run-class", "kafka.admin.ConfigCommand", "--bootstrap-server",
+                        self.bootstrap, "--alter", "--entity-type", "clients", "--entity-name", client_id,
+                        "--add-config", f"producer_byte_rate={bytes_per_second}"],
+                       capture_output=True, text=True, timeout=120, check=True)
+
     def create_topic(self, name: str, partitions: int = 3, config: dict | None = None):
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,

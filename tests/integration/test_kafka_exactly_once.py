@@ -459,6 +459,30 @@ def test_a_broker_too_slow_for_delivery_timeout_costs_attempts(db, relays, own_k
     assert relay.alive()
 
 
+def test_a_transaction_holds_at_most_the_byte_window(db, relays, kafka_broker):
+    """Large events through a broker that takes 1 MiB/s from each client (a produce quota, as on a
+    shared cluster): one batch of 60 events of 300 kB (18 MB) would take ~18 s in one transaction,
+    more than delivery_timeout (10 s), and abort at every attempt until every event is dead-lettered.
+    The batch goes into the sink in slices of at most relay.in_flight_bytes (1 MiB here, ~1 s
+    each), each its own transaction: all 60 delivered exactly once, in order, none retried."""
+    broker = kafka_broker
+    client_id = unique("quota")
+    broker.set_producer_quota(client_id, 1 << 20)
+    row_topic = unique("eos-large")
+    kafka_topic = "outbox." + row_topic
+    broker.create_topic(kafka_topic, partitions=3)
+    config = relay_config(db, broker, "outbox.{topic}", delivery_timeout="10s",
+                          properties={"client.id": client_id})
+    config["relay"].update({"batch_size": 100, "in_flight_bytes": 1 << 20, "max_attempts": 3})
+    db.insert([(row_topic, f"k{i % 6}", {"n": i, "pad": "x" * 300_000}) for i in range(60)])
+    relay = relays(config)
+    wait_until(lambda: pending(db) == 0, timeout=120, message="the large events settled")
+    failed = db.query("SELECT id, attempts, last_error FROM outbox_events WHERE attempts > 0 ORDER BY id LIMIT 5")
+    assert failed == [], f"events that needed a retry (a transaction over delivery_timeout): {failed}"
+    assert_exactly_once(db, broker.bootstrap, kafka_topic, expected_rows=60)
+    assert relay.alive()
+
+
 def test_reload_rebuilds_the_sink_with_a_takeover_and_refuses_to_turn_it_off(db, relays, kafka_broker):
     """SIGHUP with a changed exactly-once sink: the new sink takes the lanes over (fencing the old
     producer) before it publishes, nothing twice; a reload that turns exactly_once off is refused."""

@@ -45,6 +45,11 @@ std::vector<Outcome> sink_threw(const Sink& sink, std::size_t events) {
   return std::vector<Outcome>(events, Outcome::retry(why));
 }
 
+// What an event weighs in the byte window: payload, key, topic and headers.
+std::size_t event_bytes(const Event& event) {
+  return event.payload.size() + event.key.size() + event.topic.size() + event.headers_json.size();
+}
+
 }  // namespace
 
 const char* to_string(OutcomeKind kind) {
@@ -282,7 +287,7 @@ BatchResult RelayLoop::drain(const DrainControl& control) {
     const bool ahead = full && leased && !control.stop() && !control.pause_due();
     // With pipelined sinks this batch stays in them (its outcomes uncollected) while a next one
     // is claimed; only then is there a batch to follow it.
-    bool leave = ahead && all_pipelined();
+    bool leave = ahead && all_pipelined() && !over_window(batch);
     Batch* before = in_flight ? &*in_flight : nullptr;
     std::function<void()> publish_work = [this, &batch] { publish(batch); };
     if (before || leave) publish_work = [this, &batch, before, leave] { publish_pipelined(batch, before, leave); };
@@ -426,7 +431,7 @@ RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const KeyHolds& h
       verdict.permanent = "no route matches topic '" + event.topic + "'";
       continue;
     }
-    batch.bytes += event.payload.size() + event.key.size() + event.topic.size() + event.headers_json.size();
+    batch.bytes += event_bytes(event);
     for (std::size_t s : routed) {
       const auto& done = verdict.done;
       if (std::find(done.begin(), done.end(), sinks_[s]->name()) != done.end()) continue;
@@ -459,6 +464,7 @@ std::size_t RelayLoop::strip_reserved_headers(const Sink& sink, Batch& batch, st
 }
 
 void RelayLoop::publish(Batch& batch) {
+  if (over_window(batch)) return publish_sliced(batch, nullptr);
   for (std::size_t s = 0; s < sinks_.size(); ++s) {
     auto& events = batch.per_sink[s];
     if (events.empty()) continue;
@@ -561,7 +567,60 @@ void RelayLoop::collect(Batch& batch) {
   batch.submissions.clear();
 }
 
+void RelayLoop::hold_failed(const Batch& batch, std::size_t from, std::size_t to, KeyHolds& failed) {
+  for (std::size_t i = from; i < to; ++i) {
+    const Batch::Verdict& v = batch.verdicts[i];
+    if (v.retry || v.deferred || !v.permanent.empty()) failed.hold(batch.events[i].key, batch.events[i].id);
+  }
+}
+
+bool RelayLoop::over_window(const Batch& batch) const {
+  return batch.events.size() > 1 && batch.bytes > options_.in_flight_bytes;
+}
+
+void RelayLoop::publish_sliced(Batch& batch, Batch* in_flight) {
+  for (std::size_t s = 0; s < sinks_.size(); ++s) {
+    if (const std::size_t dropped = strip_reserved_headers(*sinks_[s], batch, batch.per_sink[s])) {
+      metrics_.headers_dropped(sinks_[s]->name(), dropped);
+    }
+  }
+  KeyHolds failed;  // keys with an event not delivered so far: their later events are released
+  if (in_flight) {
+    collect(*in_flight);
+    hold_failed(*in_flight, 0, in_flight->events.size(), failed);
+  }
+  std::vector<std::size_t> next(sinks_.size(), 0);  // per sink: its first event not yet handed over
+  for (std::size_t begin = 0; begin < batch.events.size();) {
+    // The slice [begin, end): as many events as fit in the window, at least one.
+    std::size_t end = begin, bytes = 0;
+    while (end < batch.events.size() &&
+           (end == begin || bytes + event_bytes(batch.events[end]) <= options_.in_flight_bytes)) {
+      bytes += event_bytes(batch.events[end]);
+      ++end;
+    }
+    for (std::size_t s = 0; s < sinks_.size(); ++s) {
+      const auto& events = batch.per_sink[s];
+      const auto& index = batch.per_sink_index[s];
+      std::vector<const Event*> slice;
+      std::vector<std::size_t> at;
+      for (std::size_t& k = next[s]; k < events.size() && index[k] < end; ++k) {
+        if (failed.holds(events[k]->key)) {
+          batch.verdicts[index[k]].deferred = true;  // released unpublished, like a sink's deferred event
+          continue;
+        }
+        slice.push_back(events[k]);
+        at.push_back(index[k]);
+      }
+      submit(batch, s, std::move(slice), std::move(at));
+    }
+    collect(batch);
+    hold_failed(batch, begin, end, failed);
+    begin = end;
+  }
+}
+
 void RelayLoop::publish_pipelined(Batch& batch, Batch* in_flight, bool leave) {
+  if (over_window(batch)) return publish_sliced(batch, in_flight);
   // Events of a key with an event in the batch still in the sinks wait for its outcomes; all of
   // them do when the two batches together pass the byte window (LoopOptions::in_flight_bytes).
   std::vector<bool> behind;
@@ -590,10 +649,7 @@ void RelayLoop::publish_pipelined(Batch& batch, Batch* in_flight, bool leave) {
   if (in_flight) {
     collect(*in_flight);
     KeyHolds failed;  // keys with an event the batch in flight did not deliver (retried, released, dead)
-    for (std::size_t i = 0; i < in_flight->events.size(); ++i) {
-      const Batch::Verdict& v = in_flight->verdicts[i];
-      if (v.retry || v.deferred || !v.permanent.empty()) failed.hold(in_flight->events[i].key, in_flight->events[i].id);
-    }
+    hold_failed(*in_flight, 0, in_flight->events.size(), failed);
     for (Batch::Submission& w : waiting) {
       Batch::Submission later;
       later.sink = w.sink;

@@ -38,7 +38,9 @@ struct LoopOptions {
   // The byte window of pipelined sinks: a batch enters the sinks while the one before is still
   // unacknowledged only if the two hold at most this many bytes of events (payload, key, topic,
   // headers); otherwise it waits for the one before's outcomes, as with an unpipelined sink. A
-  // batch larger than this alone still goes, alone.
+  // batch larger than this alone goes into the sinks in slices of at most this many bytes (an
+  // event larger than it: alone), each collected before the next: a sink never holds more at once
+  // (an exactly-once Kafka transaction, a batch under delivery_timeout).
   std::size_t in_flight_bytes;
 };
 
@@ -147,6 +149,16 @@ class RelayLoop {
   // key has an event in flight wait until it is collected (core/key_holds.hpp, events_behind()),
   // then go in or are released. Collects `in_flight`, and the batch too unless `leave`.
   void publish_pipelined(Batch& batch, Batch* in_flight, bool leave);
+  // Whether the batch holds more bytes than the window (and more than one event): it goes into the
+  // sinks in slices (publish_sliced), never left in them.
+  bool over_window(const Batch& batch) const;
+  // Holds the keys of the events [from, to) of the batch that were not delivered (retried,
+  // released, dead-lettered).
+  static void hold_failed(const Batch& batch, std::size_t from, std::size_t to, KeyHolds& failed);
+  // Collects `in_flight` (may be null), then hands the sinks the batch in slices of at most
+  // LoopOptions::in_flight_bytes, each collected before the next; an event whose key did not get
+  // through in an earlier slice (or in `in_flight`) is released unpublished.
+  void publish_sliced(Batch& batch, Batch* in_flight);
   // Hands a pipelined sink (sinks_[sink]) events of the batch (at `index`); kept in the batch
   // until collect().
   void submit(Batch& batch, std::size_t sink, std::vector<const Event*> events, std::vector<std::size_t> index);

@@ -87,6 +87,7 @@ class FakeSink final : public NamedSink {
       if (throws_other_at == e->id) throw 42;
     }
     std::vector<Outcome> out;
+    sizes.push_back(events.size());
     for (const Event* e : events) {
       seen.push_back(e->id);
       headers_seen[e->id] = e->headers;
@@ -101,6 +102,7 @@ class FakeSink final : public NamedSink {
   }
   std::map<EventId, Outcome> script;
   std::vector<EventId> seen;
+  std::vector<std::size_t> sizes;  // of each publish() call's events
   std::map<EventId, std::vector<Header>> headers_seen;
   std::string also_reserved;  // a prefix (lower case) this sink reserves beside outbox-*
   bool short_answer = false;
@@ -1058,14 +1060,66 @@ TEST_CASE("pipelined: a batch that would pass the byte window with the one in fl
   big.payload = "\"" + std::string(78, 'x') + "\"";           // 93 bytes
   f.store.batches.push_back({event(1, "x"), event(2, "y")});  // 40
   f.store.batches.push_back({event(3, "z"), event(4, "y")});  // 40: 80 with the one in flight, fits
-  f.store.batches.push_back({event(5, "v"), big});            // 113: more than the window alone, goes alone
-  f.store.batches.push_back({event(7, "u")});                 // 20: 133 with the one in flight
+  f.store.batches.push_back({event(5, "v"), big});            // 113: more than the window alone: in slices
+  f.store.batches.push_back({event(7, "u")});                 // 20: nothing in flight (a sliced batch is not left)
   auto loop = f.make(f.one, {&p});
   const auto r = loop.drain({});
   CHECK(r.delivered == 7);
-  // 4 (key y) waits for 2, as any key does; 5 and 6 wait for 3 and 4; 7 waits for 5 and 6.
-  CHECK(p.calls == std::vector<std::string>{"s1,2", "s3", "c1,2", "s4", "c3", "c4", "s5,6", "c5,6", "s7", "c7"});
+  // 4 (key y) waits for 2, as any key does; 5 and 6 wait for 3 and 4, then go one slice each.
+  CHECK(p.calls ==
+        std::vector<std::string>{"s1,2", "s3", "c1,2", "s4", "c3", "c4", "s5", "c5", "s6", "c6", "s7", "c7"});
   CHECK(p.queue.empty());
+}
+
+TEST_CASE("a batch over the byte window goes in slices; a key that failed in one is released in the next") {
+  Fixture f;
+  f.options.batch_size = 5;
+  f.options.in_flight_bytes = 50;  // two events of event() (20 bytes each) per slice
+  PipelinedSink p{"p"};
+  p.script[1] = Outcome::retry("LOADING");
+  f.store.batches.push_back({event(1, "a"), event(2, "b"), event(3, "a"), event(4, "c"), event(5, "a")});
+  auto loop = f.make(f.one, {&p});
+  const auto r = loop.drain({});
+  // Slices [1, 2], [3, 4], [5]: 3 and 5 (key a, after 1 failed) never reach the sink.
+  CHECK(p.calls == std::vector<std::string>{"s1,2", "c1,2", "s4", "c4"});
+  CHECK(f.store.of(1).kind == Kind::kRetry);
+  CHECK(f.store.of(2).kind == Kind::kDelivered);
+  CHECK(f.store.of(3).kind == Kind::kRelease);
+  CHECK(f.store.of(4).kind == Kind::kDelivered);
+  CHECK(f.store.of(5).kind == Kind::kRelease);
+  CHECK(r.delivered == 2);
+  CHECK(r.released == 2);
+}
+
+TEST_CASE("a batch over the byte window goes in slices to an unpipelined sink too, and after the one in flight") {
+  Fixture f;
+  f.options.batch_size = 3;
+  f.options.in_flight_bytes = 70;
+  PipelinedSink p{"p"};
+  p.script[2] = Outcome::retry("LOADING");
+  const auto heavy = [](EventId id, std::string key) {
+    Event e = event(id, std::move(key));
+    e.payload += std::string(10, ' ');  // 30 bytes
+    return e;
+  };
+  f.store.batches.push_back({event(1, "a"), event(2, "b"), event(3, "c")});  // 60: left in the sink
+  f.store.batches.push_back({heavy(4, "b"), heavy(5, "d"), heavy(6, "e")});  // 90: in slices, after [1, 3]
+  auto loop = f.make(f.one, {&p});
+  loop.drain({});
+  // 4 (key b) waits for 2, which failed: released. Slices [4, 5] and [6].
+  CHECK(p.calls == std::vector<std::string>{"s1,2,3", "c1,2,3", "s5", "c5", "s6", "c6"});
+  CHECK(f.store.of(4).kind == Kind::kRelease);
+  CHECK(f.store.of(6).kind == Kind::kDelivered);
+
+  Fixture g;
+  g.options.batch_size = 3;
+  g.options.in_flight_bytes = 50;
+  FakeSink plain{"plain"};
+  g.store.batches.push_back({event(1, "a"), event(2, "b"), event(3, "c")});
+  auto unpipelined = g.make(g.one, {&plain});
+  unpipelined.drain({});
+  CHECK(plain.seen == std::vector<EventId>{1, 2, 3});
+  CHECK(plain.sizes == std::vector<std::size_t>{2, 1});
 }
 
 TEST_CASE("pipelined: an event whose key is in flight waits for it, and is released if it failed") {
