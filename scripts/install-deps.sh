@@ -46,6 +46,8 @@ if [ "$profile" = all ]; then
   # tests/integration/test_kafka_exactly_once.py: a second read_committed consumer (kcat -X
   # isolation.level=read_committed) beside the Python one.
   pkgs+=(kcat)
+  # tests/integration/test_ops.py: a partition without a reset (packets dropped on lo by iptables).
+  pkgs+=(iptables)
   # tests/ops/check-packaging.sh: `docker-compose config` validates docker-compose.yml (no daemon).
   pkgs+=(docker-compose)
   # tests/integration/test_poolers.py: a real PgBouncer in session and transaction pool modes,

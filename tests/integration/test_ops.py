@@ -2,6 +2,7 @@
 and a real Postgres."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -298,6 +299,57 @@ def test_http_disabled_serves_nothing(db, relays, workdir):
     relay.wait_log("ordering lanes rebalanced")
     assert http_get(port, "/healthz")[0] == 0
     assert relay.stop() == 0
+
+
+@contextlib.contextmanager
+def partitioned(port: int):
+    """Packets to and from the TCP port dropped (iptables on lo), as when a failover moves the
+    server's address or a network partition starts: no reset reaches either side. Undone after."""
+    iptables = shutil.which("iptables")
+    if iptables is None or os.getuid() != 0:
+        pytest.skip("needs iptables and root (scripts/install-deps.sh installs iptables)")
+    rules = [["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(port), "-j", "DROP"],
+             ["INPUT", "-i", "lo", "-p", "tcp", "--sport", str(port), "-j", "DROP"]]
+    probe = subprocess.run([iptables, "-w", "-L", "INPUT", "-n"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"iptables cannot run here: {probe.stderr.strip()[:200]}")
+    added = []
+    try:
+        for rule in rules:
+            subprocess.run([iptables, "-w", "-I", *rule], check=True)
+            added.append(rule)
+        yield
+    finally:
+        for rule in added:
+            subprocess.run([iptables, "-w", "-D", *rule], check=False)
+
+
+def test_2_a_server_that_vanishes_without_a_reset_is_noticed(own_cluster, own_db, relays, workdir):
+    """The relay's sessions are cut without a reset reaching it (their backends ended while
+    packets to and from the port are dropped, as when a failover moves the server's address): each
+    session must find out by itself. With libpq's defaults a statement sent then is retransmitted
+    for ~15 min and an idle LISTEN session waits forever; with the relay's settings
+    (tcp_user_timeout 30 s, keepalives after 10 s idle, every 5 s, 3 lost) both are given up within
+    ~30 s, and once the path is back the relay reconnects and delivers."""
+    out = workdir / "out.jsonl"
+    port = free_port()
+    relay = relays(ops_config(own_db, file_sink(out), port))
+    wait_ready(port)
+    relay.wait_log("^listening$")
+    pg_port = int(own_db.url.rsplit(":", 1)[1].split("/")[0])
+    local = f"host={own_cluster.dir} port={pg_port} dbname={own_db.name} user=postgres"  # the Unix socket
+    with partitioned(pg_port):
+        with psycopg.connect(local, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        cut = time.monotonic()
+        relay.wait_log("database unavailable", timeout=45)
+        relay.wait_log("LISTEN session lost", timeout=45)
+        noticed = time.monotonic() - cut
+    relay.wait_log("LISTEN session restored", timeout=30)
+    assert noticed <= 40, f"the dead sessions were noticed after {noticed:.1f} s"
+    ids = own_db.insert([("order.paid", "k", {"n": 1})])
+    wait_until(lambda: ids_in(out) == ids, timeout=10, message="an event after the cut")
 
 
 # --- 3. failed list / retry / purge and replay ------------------------------------------------

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "postgres/conninfo.hpp"
 #include "postgres/pg_store.hpp"
 #include "postgres/sqlstate.hpp"
 
@@ -36,7 +37,7 @@ constexpr const char* kPinnedSettings =
     "WHERE s.name = 'idle_session_timeout'";
 
 std::unique_ptr<pqxx::connection> open_session(const std::string& url, const std::string& role, bool pinned) {
-  auto conn = std::make_unique<pqxx::connection>(url);
+  auto conn = std::make_unique<pqxx::connection>(with_session_defaults(url));
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   conn->inhibit_reactivation(true);

@@ -1,6 +1,9 @@
 // How libpqxx's exceptions map onto the error classes (no database: the exceptions are built here).
 #include <doctest/doctest.h>
 
+#include <cstdlib>
+
+#include "postgres/conninfo.hpp"
 #include "postgres/session.hpp"
 
 using namespace outbox;
@@ -64,4 +67,27 @@ TEST_CASE("translate_errors: StoreUnavailable of the error's class, with the hin
 TEST_CASE("url_user: the login role of a URL or a keyword string") {
   CHECK(pg::url_user("postgresql://relay:secret@127.0.0.1:5432/app") == "relay");
   CHECK(pg::url_user("host=127.0.0.1 user=outbox password='x y' dbname=app") == "outbox");
+}
+
+TEST_CASE("with_session_defaults: libpq's settings for a dead server, where the string sets none") {
+  unsetenv("PGCONNECT_TIMEOUT");
+  const std::string all =
+      "connect_timeout=10 keepalives_idle=10 keepalives_interval=5 keepalives_count=3 tcp_user_timeout=30000";
+  CHECK(pg::with_session_defaults("host=127.0.0.1 dbname=app") == "host=127.0.0.1 dbname=app " + all);
+  CHECK(pg::with_session_defaults("") == all);  // everything else from the environment, as before
+  CHECK(pg::with_session_defaults("postgresql://relay:secret@db:5432/app") ==
+        "postgresql://relay:secret@db:5432/app?connect_timeout=10&keepalives_idle=10&keepalives_interval=5&"
+        "keepalives_count=3&tcp_user_timeout=30000");
+  // What the string sets stands, and is not given twice.
+  CHECK(pg::with_session_defaults("postgres://db/app?sslmode=require&keepalives_idle=60&connect_timeout=3") ==
+        "postgres://db/app?sslmode=require&keepalives_idle=60&connect_timeout=3&keepalives_interval=5&"
+        "keepalives_count=3&tcp_user_timeout=30000");
+  CHECK(pg::with_session_defaults("dbname=app tcp_user_timeout=0 keepalives_count=9") ==
+        "dbname=app tcp_user_timeout=0 keepalives_count=9 connect_timeout=10 keepalives_idle=10 keepalives_interval=5");
+  // PGCONNECT_TIMEOUT is the operator's connect_timeout.
+  setenv("PGCONNECT_TIMEOUT", "4", 1);
+  CHECK(pg::with_session_defaults("dbname=app").find("connect_timeout") == std::string::npos);
+  unsetenv("PGCONNECT_TIMEOUT");
+  // Not parsable: unchanged (libpq's error at connect names the problem).
+  CHECK(pg::with_session_defaults("host='unterminated") == "host='unterminated");
 }
