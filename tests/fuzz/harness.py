@@ -13,6 +13,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -589,7 +590,8 @@ class FastpathConn:
 # ---------------------------------------------------------------------------------------------
 # Kafka (--sinks kafka): one broker, the topics, a reader of every topic
 
-BROKER_SH = ROOT / "tests" / "kafka" / "broker.sh"
+sys.path.insert(0, str(ROOT / "tests" / "kafka"))
+from broker_process import BROKER_SH, BrokerProcess  # noqa: E402
 # Every topic the fuzzer creates: each record carries the broker's append time (ms), the only
 # clock two partitions share.
 TOPIC_CONFIG = {"message.timestamp.type": "LogAppendTime"}
@@ -604,27 +606,15 @@ def kafka_interval(ts_ms: int, wall_minus_mono: float):
     return lo, lo + 0.0009
 
 
-class KafkaBroker:
+class KafkaBroker(BrokerProcess):
     """A single-node KRaft broker (tests/kafka/broker.sh) in the work dir, on a free port, that creates
     no topic on its own (auto.create.topics.enable=false): a record for a topic the fuzzer has not
     created yet fails with UNKNOWN_TOPIC_OR_PART, which the relay retries."""
 
     def __init__(self, base: Path, extra=()):
-        self.dir = base / "kafka"
-        self.extra = list(extra)
-        self.bootstrap = None
+        super().__init__(base / "kafka", ["auto.create.topics.enable=false", *extra])
         self.stopped = False
         self._admin = None
-
-    def _run(self, *args, timeout=180) -> str:
-        proc = subprocess.run([str(BROKER_SH), *args], capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"broker.sh {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-
-    def start(self):
-        self.bootstrap = self._run("start", str(self.dir), "", "auto.create.topics.enable=false", *self.extra)
-        return self
 
     def admin(self):
         from confluent_kafka.admin import AdminClient
@@ -662,19 +652,13 @@ class KafkaBroker:
             time.sleep(0.05)
         raise RuntimeError(f"kafka topic {name} did not become ready within {timeout:g} s")
 
-    def kill(self):
-        self._run("kill", str(self.dir))
-
-    def restart(self):
-        self._run("restart", str(self.dir))
-
     def stop(self):
         if not self.stopped and self.bootstrap:
             self.stopped = True
             self._admin = None     # destroyed before the broker goes: no reconnect noise on stderr
             gc.collect()
             try:
-                self._run("stop", str(self.dir), timeout=60)
+                self.run("stop", str(self.dir), timeout=60)
             except Exception:  # noqa: BLE001 - the end of the run: kill it
                 subprocess.call([str(BROKER_SH), "kill", str(self.dir)], timeout=30)
 

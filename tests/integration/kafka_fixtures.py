@@ -7,6 +7,7 @@ that reads a topic back completely. Import the fixtures into a test module:
 from __future__ import annotations
 
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -18,48 +19,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 ROOT = Path(__file__).resolve().parents[2]
-BROKER_SH = ROOT / "tests" / "kafka" / "broker.sh"
+sys.path.insert(0, str(ROOT / "tests" / "kafka"))
+from broker_process import BrokerProcess  # noqa: E402
 
 
-class Broker:
-    """One broker process in its own directory. start() blocks until it serves."""
-
-    def __init__(self, directory: Path, extra_properties=()):
-        self.dir = directory
-        self.extra = list(extra_properties)
-        self.bootstrap = None
-
-    def _run(self, *args, timeout=300) -> str:
-        proc = subprocess.run([str(BROKER_SH), *args], capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"broker.sh {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
-
-    def start(self):
-        self.bootstrap = self._run("start", str(self.dir), "", *self.extra)
-        return self
-
-    def kill(self):
-        """SIGKILL, like a crash."""
-        self._run("kill", str(self.dir))
-
-    def restart(self):
-        """Starts again on the same port with the same data (after kill() or stop())."""
-        self._run("restart", str(self.dir))
-
-    def stop(self):
-        self._run("stop", str(self.dir))
-
-    def pid(self) -> int:
-        return int((self.dir / "pid").read_text())
-
-    def set_producer_quota(self, client_id: str, bytes_per_second: int):
-        """A client quota on produce throughput (producer_byte_rate) for one client.id: the broker
-        delays its answers so that the client produces no faster, as a shared cluster does."""
-        subprocess.run([str(BROKER_SH), "run-class", "kafka.admin.ConfigCommand", "--bootstrap-server",
-                        self.bootstrap, "--alter", "--entity-type", "clients", "--entity-name", client_id,
-                        "--add-config", f"producer_byte_rate={bytes_per_second}"],
-                       capture_output=True, text=True, timeout=120, check=True)
+class Broker(BrokerProcess):
+    """One broker process in its own directory, with the tests' topic helper."""
 
     def create_topic(self, name: str, partitions: int = 3, config: dict | None = None):
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
