@@ -66,6 +66,39 @@ class Stream:
         self._thread.join()
 
 
+class StallProbe:
+    """Appends a byte to a file beside the sink's and fdatasyncs it, every 20 ms on a thread of its
+    own, and notes each round that took longer than `over`: the machine stalled (the disk, whose
+    fdatasync the file sink waits for too, or the CPU), and every lane waited alike. CI saw one such
+    stall of ~1 s in a 20 s hold (p99 790 ms, every other run 11 ms)."""
+
+    def __init__(self, path, over=0.2, every=0.02):
+        self.path, self.over, self.every = path, over, every
+        self.stalls = []  # (start, end), monotonic
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        with open(self.path, "ab") as f:
+            while not self._stop.is_set():
+                start = time.monotonic()
+                f.write(b".")
+                f.flush()
+                os.fdatasync(f.fileno())
+                time.sleep(self.every)
+                end = time.monotonic()
+                if end - start > self.over + self.every:
+                    self.stalls.append((start, end))
+
+    def overlaps(self, start, end) -> bool:
+        return any(s < end and start < e for s, e in self.stalls)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
 def p(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
@@ -94,6 +127,7 @@ def run_scenario(db, relays, workdir, hold, held_keys, config_extra=None, during
     relay.wait_log("ordering lanes rebalanced")
     held_lanes = {lane_of(db, k) for k in held_keys}
     tail = Tail(out)
+    probe = StallProbe(workdir / "stall-probe")
     stream = Stream(db, extra_key=held_keys[0])
     time.sleep(2)
     started = time.monotonic()
@@ -110,19 +144,27 @@ def run_scenario(db, relays, workdir, hold, held_keys, config_extra=None, during
     wait_until(lambda: set(committed) <= set(tail.seen), timeout=60, message="every committed id in the file")
     time.sleep(0.5)
     tail.stop()
+    probe.stop()
     ids = [l["id"] for l in tail.lines]
     assert len(ids) == len(set(ids)), "an id was delivered twice"
     assert sorted(ids) == all_ids(db), "every id exactly once"
     assert_per_key_order(tail.lines)
-    # The other lanes during the hold: p99 <= 100 ms from COMMIT to the file.
-    during_hold = [tail.seen[i] - t for i, (k, t) in stream.committed.items()
-                   if started + 0.2 < t < ended - 0.2 and lane_of_cached(db, k) not in held_lanes]
-    assert len(during_hold) > RATE * (HOLD_SECONDS - 1) * 0.8
+    # The other lanes during the hold: p99 <= 100 ms from COMMIT to the file, leaving out the events
+    # a stall of the machine caught on their way (at most a tenth of them).
+    other = [(i, t) for i, (k, t) in stream.committed.items()
+             if started + 0.2 < t < ended - 0.2 and lane_of_cached(db, k) not in held_lanes]
+    assert len(other) > RATE * (HOLD_SECONDS - 1) * 0.8
+    stalled = {i for i, t in other if probe.overlaps(t, tail.seen[i])}
+    stall_seconds = sum(e - s for s, e in probe.stalls if s < ended and started < e)
+    assert len(stalled) <= len(other) / 10, \
+        f"the machine stalled for {stall_seconds:.1f} s of the hold ({probe.stalls}): too long to judge the lanes"
+    during_hold = [tail.seen[i] - t for i, t in other if i not in stalled]
     p50, p99 = p(during_hold, 0.50), p(during_hold, 0.99)
     print(f"other lanes during the hold: {len(during_hold)} events, p50 {p50 * 1000:.1f} ms, "
-          f"p99 {p99 * 1000:.1f} ms, max {max(during_hold) * 1000:.1f} ms")
-    late = sorted((round(tail.seen[i] - t, 3), round(t - started, 3), i) for i, (k, t) in stream.committed.items()
-                  if started + 0.2 < t < ended - 0.2 and lane_of_cached(db, k) not in held_lanes)[-5:]
+          f"p99 {p99 * 1000:.1f} ms, max {max(during_hold) * 1000:.1f} ms; left out: {len(stalled)} events "
+          f"caught by {len(probe.stalls)} stalls of the machine ({stall_seconds:.1f} s; p99 with them "
+          f"{p([tail.seen[i] - t for i, t in other], 0.99) * 1000:.1f} ms)")
+    late = sorted((round(tail.seen[i] - t, 3), round(t - started, 3), i) for i, t in other)[-5:]
     assert p99 <= P99_GATE, f"p99 {p99 * 1000:.1f} ms; the latest (latency s, committed s into the hold, id): {late}"
     # The held lanes: their events committed during the hold wait for the writer to end.
     held = [i for i, (k, t) in stream.committed.items() if started + 0.2 < t < ended - 0.2
@@ -254,6 +296,7 @@ def test_c_one_statement_inserting_200000_events_beside_the_stream(db, relays, w
     wait_until(lambda: len(tail.seen) >= 200_000 + len(stream.committed), timeout=120, message="every event")
     time.sleep(0.5)
     tail.stop()
+    probe.stop()
     ids = [l["id"] for l in tail.lines]
     assert sorted(ids) == all_ids(db) and len(ids) == len(set(ids))
     assert_per_key_order(tail.lines)
