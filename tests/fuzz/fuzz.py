@@ -841,7 +841,11 @@ class Fuzz:
         if L.behaviour_errors:
             print("fuzz: writer errors (their transactions are resolved from the table): " +
                   "; ".join(f"{b}: {', '.join(f'{k} {n}' for k, n in d.items())}" for b, d in L.behaviour_errors.items()))
-        errs = [x for x in self.tailer.snapshot()[1] if x[4].get("level") == "error"]
+        log_lines = self.tailer.snapshot()[1]
+        window = [x[4] for x in log_lines if x[4].get("msg") == "a claim held the byte window or more"]
+        print(f"fuzz: claims that held the byte window or more (cut by bytes, most of them): {len(window)}, "
+              f"of up to {max((d.get('events', 0) for d in window), default=0)} events")
+        errs = [x for x in log_lines if x[4].get("level") == "error"]
         if errs:
             print(f"fuzz: relay error log lines: {len(errs)}; first: {errs[0][1]}: {str(errs[0][4])[:300]}")
         print(f"fuzz: relays alive at the end: {', '.join(f'relay{i} {ok}' for i, ok in self.alive_at_end)}")

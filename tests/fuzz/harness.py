@@ -98,7 +98,9 @@ class RelaySlot:
         self.config_path = workdir / f"relay{index}.yaml"
         config = {
             "database": {"url": db_url, "reconnect": {"initial": "100ms", "max": "1s"}},
-            "relay": {"batch_size": 500, "sweep_interval": "1h", "lease": "60s", "rebalance_interval": "500ms",
+            # in_flight_bytes at its least (1 MiB): claims of the writers' large events are cut by bytes.
+            "relay": {"batch_size": 500, "in_flight_bytes": 1 << 20, "sweep_interval": "1h", "lease": "60s",
+                      "rebalance_interval": "500ms",
                       "backoff": {"initial": "100ms", "max": "2s"}, "instance_id": f"fuzz-relay-{index}",
                       "writer_hold_warning": "5s"},
             "http": {"enabled": False},

@@ -5,6 +5,7 @@ is recorded in the ledger *before* the statement that writes it is sent; its out
 when the transaction's end is known (an error makes it 'unknown': the table decides at the end)."""
 from __future__ import annotations
 
+import base64
 import json
 import random
 import string
@@ -17,6 +18,8 @@ from psycopg.types.json import Jsonb
 
 from harness import FastpathConn, mono
 from ledger import Truncate
+
+LARGE_SHARE = 0.005  # of the events, a large payload (and every row of a quarter of insert_multirow's)
 
 SEQ = "outbox_events_id_seq"
 INSERT_ONE = ("INSERT INTO outbox_events (topic, aggregate_id, payload, headers) VALUES (%s, %s, %s, %s) "
@@ -173,6 +176,7 @@ class Ctx:
         self.conns = {}
         self.fp = {}
         self.generation = 0
+        self.large = False  # every payload large (payload())
         self.open = []
         self.behaviour = None
 
@@ -260,7 +264,12 @@ class Ctx:
 
     def payload(self, uid) -> dict:
         p = {"uid": uid, "b": self.behaviour}
-        if self.rng.random() < 0.1:
+        r = self.rng.random()
+        if self.large or r < LARGE_SHARE:
+            # 100-600 kB that does not compress: with the relays' 1 MiB window (harness.py), a claim
+            # with a few of these is cut by bytes (schema 12) and bounds its lanes at the cut.
+            p["pad"] = base64.b64encode(self.rng.randbytes(self.rng.randrange(75_000, 450_000))).decode()
+        elif r < 0.1:
             p["pad"] = "x" * self.rng.randrange(2000)
         return p
 
@@ -332,6 +341,15 @@ def _multirow(ctx, c, t, n, key=None):
 def b_insert_multirow(ctx: Ctx):
     n = ctx.rng.randrange(2, 12)
     same = ctx.key() if ctx.rng.random() < 0.5 else None
+    # A bulk of large events (a poll finds them together): its claim is cut by bytes.
+    ctx.large = ctx.rng.random() < 0.25
+    try:
+        _insert_multirow(ctx, n, same)
+    finally:
+        ctx.large = False
+
+
+def _insert_multirow(ctx: Ctx, n: int, same):
     if ctx.rng.random() < 0.5:
         c = ctx.conn()
         t = ctx.begin()

@@ -90,7 +90,9 @@ RelayLoop::RelayLoop(Store& store, std::vector<Sink*> sinks, const Router& route
       clock_(clock),
       metrics_(metrics),
       options_(options),
-      jitter01_(std::move(jitter01)) {}
+      jitter01_(std::move(jitter01)) {
+  store_.limit_claim_bytes(options_.in_flight_bytes);
+}
 
 std::optional<Clock::SteadyTime> RelayLoop::next_retry_due() const {
   if (retry_due_.empty()) return std::nullopt;
@@ -101,6 +103,7 @@ void RelayLoop::reconfigure(std::vector<Sink*> sinks, const Router& router, Loop
   sinks_ = std::move(sinks);
   router_ = &router;
   options_ = options;
+  store_.limit_claim_bytes(options_.in_flight_bytes);
 }
 
 void RelayLoop::flush_pending() {
@@ -438,6 +441,11 @@ RelayLoop::Batch RelayLoop::prepare(std::vector<Event> events, const KeyHolds& h
       batch.per_sink[s].push_back(&event);
       batch.per_sink_index[s].push_back(i);
     }
+  }
+  if (batch.bytes >= options_.in_flight_bytes) {
+    // Most likely cut by bytes (Store::limit_claim_bytes): its events past the window come next.
+    log::debug("a claim held the byte window or more",
+               {{"events", batch.events.size()}, {"bytes", batch.bytes}, {"window", options_.in_flight_bytes}});
   }
   return batch;
 }

@@ -71,6 +71,11 @@ class Store {
     (void)floor;
     return claim(limit);
   }
+  // Every claim from here on (claim, claim_above, probe_claim) stops adding events once their
+  // bytes reach `bytes` (the first always goes), so that it holds at most about that much besides
+  // its last event, and bounds what it covered at its last event: the events past the cut are
+  // claimed next. 0: no bound. The loop sets relay.in_flight_bytes, at start and at each reload.
+  virtual void limit_claim_bytes(std::size_t bytes) { (void)bytes; }
   // The runner's poll, called every few milliseconds while events flow: first applies the
   // completions (the outcomes of the batch published since the last poll, as complete() would),
   // then claims like claim(), except that the store may return nothing at once when it knows no

@@ -1,4 +1,4 @@
-// The claim protocol (schema 10, which `run` requires): the schema check and the session's
+// The claim protocol (schema 12, which `run` requires): the schema check and the session's
 // statements, the lean poll while every lane is alike, the claim function lane by lane, outcomes
 // written one by one when a row cannot take its own, and the sweep's look.
 #include <nlohmann/json.hpp>
@@ -33,7 +33,8 @@ std::string claimable_rows(const std::string& owner, const std::string& lanes) {
 // the path of {prefix}_claim for p_probe with p_known and p_covered NULL and nothing done or
 // failed, in one statement instead of a PL/pgSQL call of three (bench/RESULTS.md, "One statement
 // for a poll": the call cost ~190-220 us around its ~120 us of SQL at 1,000 events/s). $1 the
-// owner, $2 the lanes, $3 the limit, $4 resolved (>= 0: every id up to it is committed or gone).
+// owner, $2 the lanes, $3 the limit, $4 resolved (>= 0: every id up to it is committed or gone),
+// $5 the bytes (schema 12's p_max_bytes: NULL for none).
 // The same rows, in the same order, under the same row locks, and the same summary row:
 //  - the walk from $4 to the highest id before the first one that is not visible, capped at the
 //    last id drawn (the statement's snapshot is taken before that read, so the cap is only ever
@@ -81,26 +82,32 @@ constexpr const char* kPollChoice = R"sql(
 // The usual form: one scan that locks as it goes, NOWAIT. A row that another transaction holds
 // (FOR SHARE, FOR UPDATE, an operator's UPDATE) fails it with SQLSTATE 55P03, and the poll runs
 // the careful form instead (claim_lanes). FOR NO KEY UPDATE: a foreign key's check (FOR KEY SHARE)
-// holds nothing.
+// holds nothing. The rows past the byte cut ({cut}) are locked and not returned; the bound stops
+// at the last row returned.
 constexpr const char* kPollAtOnce = R"sql(
-s AS (
-  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done
+l AS (
+  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done, {bytes} AS bytes
     FROM {table} AS c{choice}
-     FOR NO KEY UPDATE OF c NOWAIT)
+     FOR NO KEY UPDATE OF c NOWAIT),
+{cut(l, s)}
 SELECT s.id, s.topic, s.aggregate_id, s.payload::text, s.headers::text, NULL::text,
        {created_us(s)}, s.attempts, s.sinks_done,
        NULL::int8, NULL::int8, NULL::int8[]
   FROM s
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last, ARRAY[w.bound] FROM w)sql";
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last,
+       ARRAY[CASE WHEN (SELECT count(*) FROM s) < (SELECT count(*) FROM l) THEN (SELECT max(x.id) FROM s AS x)
+                  ELSE w.bound END]
+  FROM w)sql";
 
 // The careful form, as {prefix}_claim (schema 10): the rows chosen, then locked (SKIP LOCKED); a
 // row that could not be locked stops its lane there (nothing of the lane above it, the lane's bound
 // below it), and the next claim looks from it again.
 constexpr const char* kPollSkipping = R"sql(
-chosen AS MATERIALIZED (
-  SELECT c.id, c.lane::smallint AS lane
+candidates AS MATERIALIZED (
+  SELECT c.id, c.lane::smallint AS lane, {bytes} AS bytes
     FROM {table} AS c{choice}),
+{cut(candidates, chosen)},
 locked AS MATERIALIZED (
   SELECT c.id, c.lane::smallint AS lane, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts,
          c.sinks_done
@@ -122,14 +129,32 @@ SELECT k.id, k.topic, k.aggregate_id, k.payload::text, k.headers::text, NULL::te
  WHERE NOT EXISTS (SELECT 1 FROM stop AS x WHERE x.lane = k.lane AND x.first < k.id)
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last,
-       CASE WHEN NOT EXISTS (SELECT 1 FROM stop) THEN ARRAY[w.bound]
+       CASE WHEN NOT EXISTS (SELECT 1 FROM stop) AND (SELECT count(*) FROM candidates) = (SELECT count(*) FROM chosen)
+            THEN ARRAY[w.bound]
             ELSE (SELECT array_agg(least(w.bound,
                                          coalesce((SELECT x.first - 1 FROM stop AS x WHERE x.lane = g.n), w.bound),
                                          CASE WHEN (SELECT count(*) FROM chosen) >= $3
+                                                   OR (SELECT count(*) FROM candidates) > (SELECT count(*) FROM chosen)
                                               THEN (SELECT max(ch.id) FROM chosen AS ch) ELSE w.bound END)
                                    ORDER BY g.n)
                     FROM generate_series(0, 63) AS g(n)) END
   FROM w)sql";
+
+// An event's bytes, as schema 12's claim counts them (its topic's and key's lengths, its headers
+// and payload as stored; a payload stored compressed and of 64 kB or more, its length as text).
+constexpr const char* kEventBytes =
+    "(octet_length(c.topic) + octet_length(c.aggregate_id) + pg_column_size(c.headers) "
+    "+ CASE WHEN pg_column_size(c.payload) >= 65536 AND pg_column_compression(c.payload) IS NOT NULL "
+    "THEN octet_length(c.payload::text) ELSE pg_column_size(c.payload) END)::int8";
+
+// The byte cut (schema 12): `to` is `from`'s rows, in id order, while the bytes before each are
+// under $5 (NULL: no bound); the first always goes.
+std::string byte_cut(const std::string& from, const std::string& to) {
+  return to +
+         " AS MATERIALIZED (\n  SELECT r.* FROM (SELECT f.*, sum(f.bytes) OVER (ORDER BY f.id) - f.bytes AS before "
+         "FROM " +
+         from + " AS f) AS r\n   WHERE $5::int8 IS NULL OR r.before < $5::int8)";
+}
 
 // An event's created_at in microseconds since the epoch, NULL unless it is a time the relay can
 // carry: RFC 3339 has years 0001-9999, and infinity made the cast to int8 fail the whole claim
@@ -145,6 +170,9 @@ std::string created_us(const char* alias) {
 
 std::string lane_poll_sql(const std::string& table, const std::string& sequence_literal, bool skipping) {
   std::string sql = std::string(kPollHead) + (skipping ? kPollSkipping : kPollAtOnce);
+  replace_all(sql, "{cut(l, s)}", byte_cut("l", "s"));
+  replace_all(sql, "{cut(candidates, chosen)}", byte_cut("candidates", "chosen"));
+  replace_all(sql, "{bytes}", kEventBytes);
   replace_all(sql, "{created_us(s)}", created_us("s"));
   replace_all(sql, "{created_us(k)}", created_us("k"));
   replace_all(sql, "{choice}", kPollChoice);
@@ -283,7 +311,7 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
   }
   c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
                                   "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
-                                  "$11::bigint[], $12::bigint[], $13::timestamptz)");
+                                  "$11::bigint[], $12::bigint[], $13::timestamptz, $14::bigint)");
   c.prepare("poll_lanes", lane_poll_sql(names.table, c.quote(sequence), false));
   c.prepare("poll_lanes_skipping", lane_poll_sql(names.table, c.quote(sequence), true));
   c.prepare("writers", "SELECT * FROM " + names.function("writers") + "()");
@@ -366,6 +394,8 @@ std::vector<Event> PgStore::claim_above(std::size_t limit, long long floor) {
   return claim_or_probe(limit, false, {}, floor);
 }
 
+void PgStore::limit_claim_bytes(std::size_t bytes) { impl_->claim_bytes.store(bytes); }
+
 std::vector<Event> PgStore::probe_claim(std::size_t limit, std::span<const Completion> completions) {
   if (impl_->owned.empty()) {  // no lanes yet
     complete(completions);
@@ -425,6 +455,9 @@ std::vector<Event> PgStore::Impl::claim_lanes(std::size_t limit, bool probe, std
   const std::string covered = uniform ? std::string() : lane_literal(lanes.covered());
   // The usual poll (lanes alike, no outcome to write): one statement, the function's answer.
   const bool lean = probe && uniform && lanes.resolved() >= 0 && completions.empty();
+  const std::size_t max_bytes = claim_bytes.load();  // 0: no bound (NULL)
+  const std::string max_bytes_text = std::to_string(max_bytes);
+  const char* max_bytes_arg = max_bytes == 0 ? nullptr : max_bytes_text.c_str();
   const auto call_function = [&](std::span<const Completion> outcomes) {
     const EncodedCompletions encoded = encode_completions(outcomes);
     const auto lease_ms = static_cast<long long>(opt.lease.count());
@@ -432,16 +465,17 @@ std::vector<Event> PgStore::Impl::claim_lanes(std::size_t limit, bool probe, std
     const char* covered_arg = uniform ? nullptr : covered.c_str();
     return tx.exec_prepared("claim_fn_lanes", opt.instance_id, lease_ms, owned_literal, static_cast<int>(limit),
                             lanes.resolved(), probe, encoded.delivered, encoded.others, opt.delete_on_success, floor,
-                            known_arg, covered_arg, encoded.created_upto);
+                            known_arg, covered_arg, encoded.created_upto, max_bytes_arg);
   };
   pqxx::result rows;
   if (lean) {
     try {
-      rows = tx.exec_prepared("poll_lanes", opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved());
+      rows = tx.exec_prepared("poll_lanes", opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved(),
+                              max_bytes_arg);
     } catch (const pqxx::sql_error& e) {
       if (e.sqlstate() != "55P03") throw;  // lock_not_available: a row another transaction holds
       rows = tx.exec_prepared("poll_lanes_skipping", opt.instance_id, owned_literal, static_cast<int>(limit),
-                              lanes.resolved());
+                              lanes.resolved(), max_bytes_arg);
     }
   } else {
     try {

@@ -116,12 +116,14 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
       if (result.current_version > 0) {
         target.lock_key = done[0][1].is_null() ? done[0][2].as<std::string>() : done[0][1].as<std::string>();
       }
-      // The functions the migrations would make (or replace) serve another table: nothing is done.
-      if (auto other = functions_of_another_table(
-              tx,
-              quote_identifier(target.function_schema) + "." + function_prefix(table) + "_claim" + kClaimFunctionArgs,
-              qualified_table(target))) {
-        throw std::runtime_error("migrate refused: " + *other);
+      // The functions the migrations would make (or replace) serve another table: nothing is done
+      // (schema 12's claim function, or before it is made, schema 10's, which 12 derives from).
+      for (const char* args : {kClaimFunctionArgs, kSchema10ClaimFunctionArgs}) {
+        if (auto other = functions_of_another_table(
+                tx, quote_identifier(target.function_schema) + "." + function_prefix(table) + "_claim" + args,
+                qualified_table(target))) {
+          throw std::runtime_error("migrate refused: " + *other);
+        }
       }
       for (const auto& m : embedded_migrations()) {
         if (m.version <= result.current_version) continue;

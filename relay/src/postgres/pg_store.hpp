@@ -55,6 +55,7 @@ class PgStore final : public Store {
   std::vector<Event> claim(std::size_t limit) override;
   // Above floor when the table is at schema 3 or later (its claim function takes a floor).
   std::vector<Event> claim_above(std::size_t limit, long long floor) override;
+  void limit_claim_bytes(std::size_t bytes) override;
   // Writes the completions and polls in one round trip and one transaction (schema 2).
   std::vector<Event> probe_claim(std::size_t limit, std::span<const Completion> completions) override;
   void complete(std::span<const Completion> completions) override;
@@ -85,7 +86,7 @@ class PgStore final : public Store {
 
 // The schema version this relay runs on (schema/NNN_*.sql; migrations_test checks it is the last).
 // `run` refuses an older one: `migrate` first.
-inline constexpr int kSchemaVersion = 11;
+inline constexpr int kSchemaVersion = 12;
 
 // The table's schema is older than kSchemaVersion (or the table is not migrated). At start `run`
 // exits with this message; at a later connect the runner retries, /readyz says why.

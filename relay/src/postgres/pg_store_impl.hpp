@@ -63,6 +63,9 @@ struct PgStore::Impl {
   std::set<int> owned;
   std::atomic<int> owned_count{0};
   std::string owned_literal = "{}";
+  // Claims stop adding rows once their bytes reach this (schema 12); 0: no bound. Set from the loop
+  // thread (Store::limit_claim_bytes), read by claims.
+  std::atomic<std::size_t> claim_bytes{0};
   std::mt19937 rng{std::random_device{}()};
 
   TableNames names;          // resolved at the first connect (table_names)

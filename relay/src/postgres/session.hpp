@@ -53,8 +53,12 @@ TableNames table_names(const std::string& url, const std::string& table);
 // `public` keeps the namespaces it had.
 std::string lock_key(const std::string& schema, const std::string& name);
 
-// Schema 10's claim function's arguments, lane by lane (the only one this relay calls).
+// Schema 12's claim function's arguments, lane by lane (the only one this relay calls), and
+// schema 10's, which a table migrated to 10 or 11 has.
 inline constexpr const char* kClaimFunctionArgs =
+    "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[], "
+    "timestamptz, bigint)";
+inline constexpr const char* kSchema10ClaimFunctionArgs =
     "(text, bigint, smallint[], integer, bigint, boolean, bigint[], jsonb, boolean, bigint, bigint[], bigint[], "
     "timestamptz)";
 

@@ -75,6 +75,8 @@ class FakeStore final : public Store {
   int probes = 0;
   int claims = 0;
   std::size_t last_limit = 0;
+  std::vector<std::size_t> claim_bytes;  // every limit_claim_bytes() in turn
+  void limit_claim_bytes(std::size_t bytes) override { claim_bytes.push_back(bytes); }
 };
 
 // Answers with a scripted outcome per event id (default: delivered) and records what it saw.
@@ -1069,6 +1071,17 @@ TEST_CASE("pipelined: a batch that would pass the byte window with the one in fl
   CHECK(p.calls ==
         std::vector<std::string>{"s1,2", "s3", "c1,2", "s4", "c3", "c4", "s5", "c5", "s6", "c6", "s7", "c7"});
   CHECK(p.queue.empty());
+}
+
+TEST_CASE("claims are bounded by the byte window, from the start and after a reload") {
+  Fixture f;
+  f.options.in_flight_bytes = 3 << 20;
+  auto loop = f.make(f.one, {&f.a});
+  CHECK(f.store.claim_bytes == std::vector<std::size_t>{3 << 20});
+  LoopOptions reloaded = f.options;
+  reloaded.in_flight_bytes = 5 << 20;
+  loop.reconfigure({&f.a}, f.one, reloaded);
+  CHECK(f.store.claim_bytes == std::vector<std::size_t>{3 << 20, 5 << 20});
 }
 
 TEST_CASE("a batch over the byte window goes in slices; a key that failed in one is released in the next") {
