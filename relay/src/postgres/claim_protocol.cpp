@@ -86,7 +86,7 @@ constexpr const char* kPollChoice = R"sql(
 // at the last row returned.
 constexpr const char* kPollAtOnce = R"sql(
 l AS (
-  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done, {bytes} AS bytes
+  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done, {bytes}
     FROM {table} AS c{choice}
      FOR NO KEY UPDATE OF c NOWAIT),
 {cut(l, s)}
@@ -105,7 +105,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last,
 // below it), and the next claim looks from it again.
 constexpr const char* kPollSkipping = R"sql(
 candidates AS MATERIALIZED (
-  SELECT c.id, c.lane::smallint AS lane, {bytes} AS bytes
+  SELECT c.id, c.lane::smallint AS lane, {bytes}
     FROM {table} AS c{choice}),
 {cut(candidates, chosen)},
 locked AS MATERIALIZED (
@@ -140,15 +140,18 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last,
                     FROM generate_series(0, 63) AS g(n)) END
   FROM w)sql";
 
-// An event's bytes, as schema 12's claim counts them (its topic's and key's lengths, its headers
-// and payload as stored; a payload stored compressed and of 64 kB or more, its length as text).
+// An event's bytes, as schema 12's claim counts them: its topic's and key's lengths, its headers
+// and payload as stored, a compressed value times the most its method can stand for (pglz 88, lz4
+// 255), so that the bound holds whatever the payload without fetching or decompressing anything.
 constexpr const char* kEventBytes =
-    "(octet_length(c.topic) + octet_length(c.aggregate_id) + pg_column_size(c.headers) "
-    "+ CASE WHEN pg_column_size(c.payload) >= 65536 AND pg_column_compression(c.payload) IS NOT NULL "
-    "THEN octet_length(c.payload::text) ELSE pg_column_size(c.payload) END)::int8";
+    "(octet_length(c.topic) + octet_length(c.aggregate_id) "
+    "+ pg_column_size(c.headers)::int8 * CASE pg_column_compression(c.headers) "
+    "WHEN 'pglz' THEN 88 WHEN 'lz4' THEN 255 ELSE 1 END "
+    "+ pg_column_size(c.payload)::int8 * CASE pg_column_compression(c.payload) "
+    "WHEN 'pglz' THEN 88 WHEN 'lz4' THEN 255 ELSE 1 END)::int8 AS bytes";
 
-// The byte cut (schema 12): `to` is `from`'s rows, in id order, while the bytes before each are
-// under $5 (NULL: no bound); the first always goes.
+// The byte cut (schema 12's, with $5 its bound: NULL for none): `to` is `from`'s rows, in id order,
+// while the bytes before each are under $5 (the first always goes).
 std::string byte_cut(const std::string& from, const std::string& to) {
   return to +
          " AS MATERIALIZED (\n  SELECT r.* FROM (SELECT f.*, sum(f.bytes) OVER (ORDER BY f.id) - f.bytes AS before "
