@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import threading
 import time
 import urllib.request
@@ -296,7 +295,6 @@ def test_c_one_statement_inserting_200000_events_beside_the_stream(db, relays, w
     wait_until(lambda: len(tail.seen) >= 200_000 + len(stream.committed), timeout=120, message="every event")
     time.sleep(0.5)
     tail.stop()
-    probe.stop()
     ids = [l["id"] for l in tail.lines]
     assert sorted(ids) == all_ids(db) and len(ids) == len(set(ids))
     assert_per_key_order(tail.lines)
