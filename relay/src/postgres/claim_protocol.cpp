@@ -100,9 +100,9 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last,
                   ELSE w.bound END]
   FROM w)sql";
 
-// The careful form, as {prefix}_claim (schema 10): the rows chosen, then locked (SKIP LOCKED); a
-// row that could not be locked stops its lane there (nothing of the lane above it, the lane's bound
-// below it), and the next claim looks from it again.
+// The careful form, as {prefix}_claim (schemas 10 and 12): the rows chosen and cut by bytes, then
+// locked (SKIP LOCKED); a row that could not be locked stops its lane there (nothing of the lane
+// above it, the lane's bound below it), and the next claim looks from it again.
 constexpr const char* kPollSkipping = R"sql(
 candidates AS MATERIALIZED (
   SELECT c.id, c.lane::smallint AS lane, {bytes}
