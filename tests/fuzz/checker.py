@@ -22,16 +22,17 @@ Rules:
   line). A row the sink could not take before some time (`holds`: its Kafka topic created late) is
   released no earlier than that (the time includes the retry's allowance). An event
   whose epoch was truncated before it was due is not demanded;
-- a row is dead-lettered only when an attempt at it failed and its key is longer than `long_bytes`
-  (the retry index cannot take the failed attempt); such a row is not demanded, and its key's later
-  events follow it as if it had been delivered.
+- a row is dead-lettered only when an attempt at it failed and its key is a poison key (an
+  operator's constraint refuses its retry: the failed attempt cannot be recorded); such a row is not
+  demanded, and its key's later events follow it as if it had been delivered. A key of any length
+  is retried (schema 13).
 """
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
 
-from ledger import INF
+from ledger import INF, POISON_PREFIX
 
 # A relay reads the writers every 25-100 ms while it holds events back (LaneBounds::ReadingPace);
 # one that takes no reading for this long after an event's commit is a defect, whatever its logs.
@@ -73,7 +74,7 @@ def retry_allowance(failed_attempts: int) -> float:
 
 
 def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines=(), shrunk=(),
-          table_uids=None, max_pairs_per_key=5, lanes=None, failures=None, dead=None, long_bytes=2600,
+          table_uids=None, max_pairs_per_key=5, lanes=None, failures=None, dead=None,
           readings=None, holds=None, no_duplicates=False):
     """lines: the tailer's SinkLines. table_uids (final): {uid: id} of the main table's rows now.
     failures: {uid: [monotonic times of failed attempts]}; dead: {uid: last_error} of the rows
@@ -81,7 +82,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
     every transaction that began after an event's commit is told apart from those open at it).
     holds: {uid: (monotonic time, why)}: the sink could not take the row before that time (its Kafka
     topic did not exist yet, plus the retry's allowance; INF: not yet created), so it is released
-    no earlier; such a row may have failed attempts (a dead letter of a long key is accepted).
+    no earlier; such a row may have failed attempts (a dead letter of a poison key is accepted).
     no_duplicates (kafka-eos): a uid delivered twice is a violation."""
     res = Result()
     V = res.violations
@@ -155,7 +156,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         if r is None:
             V.append(Violation("unknown_delivered", f"dead-lettered uid {uid!r}: the fuzzer wrote no such row",
                                sig=("unknown_dead", uid)))
-        elif (failures.get(uid) or uid in holds) and len(r.key.encode()) > long_bytes:
+        elif (failures.get(uid) or uid in holds) and r.key.startswith(POISON_PREFIX):
             dead_ok.add(uid)
         else:
             V.append(Violation("dead_lettered", f"uid {uid} (key {_short(r.key)!r}, {len(r.key.encode())} bytes, id {r.id}, "
@@ -483,7 +484,8 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         "events_delivered": sum(1 for uid in occ if rows[uid].outcome != "foreign"),
         "attempts_failed": sum(len(x) for x in failures.values()),
         "held_by_sink": sum(1 for r in crow if r.uid in holds),
-        "dead_lettered": len(dead), "dead_lettered_long_key": len(dead_ok),
+        "dead_lettered": len(dead), "dead_lettered_poison_key": len(dead_ok),
+        "long_keys_delivered": sum(1 for uid in occ if len(rows[uid].key.encode()) > 2704),
         "lines": len(lines),
         "duplicates": sum(len(lst) - 1 for lst in occ.values()),
         "late": late_n, "missing": missing_n, "order_pairs": order_n,

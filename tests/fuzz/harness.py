@@ -20,6 +20,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from ledger import POISON_PREFIX
+
 ROOT = Path(__file__).resolve().parents[2]
 PG_CLUSTER = ROOT / "scripts" / "pg-cluster.sh"
 
@@ -401,15 +403,16 @@ class Receiver:
     another, so within one relay a key's lines are in delivery order.
 
     Which attempts fail: the attempt number of a uid (counted over every relay) and a hash of the
-    seed and the uid decide it: `fail_rate` of first attempts, `long_fail_rate` for keys longer
-    than `long_bytes` (their failed attempt cannot be recorded in the retry index: the relay must
+    seed and the uid decide it: `fail_rate` of first attempts, `often_rate` for keys longer than
+    `long_bytes` (retried as any other since schema 13; before it their failed attempt could not be
+    recorded) and for the poison keys (their failed attempt cannot be recorded: the relay must
     dead-letter the row and let the key's later events go), and a few second attempts; never a
     third, so that every event gets through."""
 
-    def __init__(self, tailer: "Tailer", seed: int, fail_rate=0.03, long_fail_rate=0.5, long_bytes=2600):
+    def __init__(self, tailer: "Tailer", seed: int, fail_rate=0.03, often_rate=0.5, long_bytes=2704):
         self.tailer = tailer
         self.seed = seed
-        self.fail_rate, self.long_fail_rate, self.long_bytes = fail_rate, long_fail_rate, long_bytes
+        self.fail_rate, self.often_rate, self.long_bytes = fail_rate, often_rate, long_bytes
         self.lock = threading.Lock()
         self.attempts = {}        # uid -> attempts so far
         self.failures = {}        # uid -> [monotonic time of each 503]
@@ -457,13 +460,14 @@ class Receiver:
         with self.lock:
             return min(self.in_flight.values(), default=mono())
 
-    def _fails(self, uid, attempt, key_bytes) -> bool:
+    def _fails(self, uid, attempt, key) -> bool:
         if attempt > 2:
             return False
         h = random.Random(f"{self.seed}:{uid}:{attempt}").random()
         if attempt == 2:
             return h < self.fail_rate / 3
-        return h < (self.long_fail_rate if key_bytes > self.long_bytes else self.fail_rate)
+        often = len(key.encode()) > self.long_bytes or key.startswith(POISON_PREFIX)
+        return h < (self.often_rate if often else self.fail_rate)
 
     def _handle(self, h):
         arrived = mono()
@@ -489,7 +493,7 @@ class Receiver:
             with self.lock:
                 attempt = self.attempts.get(uid, 0) + 1
                 self.attempts[uid] = attempt
-                fail = uid is not None and self._fails(uid, attempt, len(rec["key"].encode()))
+                fail = uid is not None and self._fails(uid, attempt, rec["key"])
                 if fail:
                     self.failures.setdefault(uid, []).append(mono())
             with self.lock:

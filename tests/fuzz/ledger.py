@@ -10,6 +10,10 @@ import threading
 import time
 
 INF = float("inf")
+# Keys whose retry an operator's constraint refuses (writers.SETUP_SQL): a failed attempt at one of
+# their events cannot be recorded (SQLSTATE 23514), so the relay must dead-letter the row with the
+# reason and let every other key, and the key's later events, go on (issue 42's seventh hole).
+POISON_PREFIX = "poison-"
 
 
 class Txn:

@@ -57,7 +57,8 @@ mutate() {
       swap "$dir/schema/010_exact_readings.sql" "      IF v_last < v_frontier THEN
         bound := -1;" "      IF false THEN
         bound := -1;" ;;
-    longkey)  # 7: an outcome one row cannot take fails every statement that carries it
+    longkey)  # 7: an outcome one row cannot take (once a long key's retry; now a poison key's) fails every
+              # statement that carries it
       swap "$dir/relay/src/postgres/sqlstate.cpp" "    if (code == sqlstate) return true;" \
         "    if (code == sqlstate) return false;" ;;
     kafka-rule4)  # the kafka sink: a key's events of one batch to one topic only (submit()'s rule 4)

@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from harness import FastpathConn, mono
-from ledger import Truncate
+from ledger import POISON_PREFIX, Truncate
 
 LARGE_SHARE = 0.005  # of the events, a large payload (and every row of a quarter of insert_multirow's)
 
@@ -26,10 +26,14 @@ INSERT_ONE = ("INSERT INTO outbox_events (topic, aggregate_id, payload, headers)
               "RETURNING id")
 TOPICS = ["order.placed", "order.paid", "fuzz.event"]
 HOT_KEYS = [f"k{n}" for n in range(10)] + ["", "ключ-1", "🔑", "a b"]
+POISON_KEYS = [f"{POISON_PREFIX}{n}" for n in range(3)]
 
 SETUP_SQL = [
     # Reads back by uid (COPY, INSERT ... SELECT, trigger, multi-statement rows).
     "CREATE INDEX fuzz_uid_idx ON outbox_events ((payload->>'uid'))",
+    f"ALTER TABLE outbox_events ADD CONSTRAINT fuzz_no_retry_of_poison CHECK (attempts = 0 OR dead_lettered_at "
+    f"IS NOT NULL OR processed_at IS NOT NULL OR left(aggregate_id, {len(POISON_PREFIX)}) <> '{POISON_PREFIX}') "
+    "NOT VALID",
     "CREATE TABLE receipts (event_id bigint REFERENCES outbox_events (id))",
     "CREATE TABLE orders (id bigserial PRIMARY KEY, key text NOT NULL, uid text NOT NULL, amount integer)",
     """CREATE FUNCTION fuzz_orders_event() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -239,8 +243,11 @@ class Ctx:
         if r < 0.95:
             n = self.rng.randrange(1, 40)
             return "f-" + "".join(self.rng.choice(string.ascii_lowercase) for _ in range(n))
-        if self.rng.random() < 0.6 and self.s.long_keys:
+        r = self.rng.random()
+        if r < 0.5 and self.s.long_keys:
             return self.rng.choice(self.s.long_keys)
+        if r < 0.7:
+            return self.rng.choice(POISON_KEYS)
         n = self.rng.randrange(1, 2001)
         return "".join(self.rng.choice(string.ascii_letters + string.digits) for _ in range(n))
 

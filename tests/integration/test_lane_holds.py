@@ -10,8 +10,10 @@ open writers of schema 5.
 - A prepared transaction (PREPARE TRANSACTION) that inserted an event: it holds its own lane only,
   is named (gid, owner, database) in the warning log and in `status --json`, and its key's later
   event waits for COMMIT PREPARED / ROLLBACK PREPARED.
-- A key too long for the retry index (5,000 incompressible characters): its failed attempt must not
-  stop every other key (the retry outcome's index entry is too large, SQLSTATE 54000).
+- A key too long for a B-tree entry (5,000 incompressible characters): its failed attempt is
+  recorded and retried as any other (schema 13; before it the retry outcome's index entry was too
+  large, SQLSTATE 54000). A row whose outcome cannot be written (an operator's constraint) is
+  dead-lettered with the reason, and every other key flows on.
 
 Each scenario checks exact things: every committed id delivered exactly once, per-key order of the
 first deliveries, no rolled-back id, and latency bounds measured from the COMMIT.
@@ -344,15 +346,18 @@ def test_a_rolled_back_prepared_transaction_is_never_delivered_and_its_key_follo
 
 
 # ---------------------------------------------------------------------------------------------
-# Hole 7: one key too long for the retry index.
+# Hole 7: one row whose outcome cannot be written (a key once too long for the retry index).
 
 
-def test_a_key_too_long_for_the_retry_index_does_not_stall_the_other_keys(db, relays, receivers):  # noqa: F811
-    # Incompressible (random letters and digits), so that its (aggregate_id, id) entry in the retry
-    # index cannot fit a btree page (about 2.7 kB): a failed attempt must still be recorded somehow.
-    rnd = random.Random(7)
-    long_key = "".join(rnd.choice(string.ascii_letters + string.digits) for _ in range(5000))
-    marker = b'"long-key-event"'
+def first_attempt_fails_then_others_flow(db, relays, receivers, key: str, setup=()):  # noqa: F811
+    """The event of `key` fails its first attempt (503); 11 events of other keys are committed after
+    that failure, then one more of `key`. Every other key's event must be acknowledged within 5 s of
+    its COMMIT, once. Returns the row of `key`'s first event when it is delivered or dead-lettered
+    (processed, dead-lettered, attempts, last_error), and the id of its second event."""
+    with db.connect() as conn:
+        for statement in setup:
+            conn.execute(statement)
+    marker = b'"first-attempt-fails"'
     state = {"refused": 0}
     lock = threading.Lock()
 
@@ -360,7 +365,7 @@ def test_a_key_too_long_for_the_retry_index_does_not_stall_the_other_keys(db, re
         with lock:
             if marker in req.body and state["refused"] == 0:
                 state["refused"] += 1
-                return Reply(503, b"busy")  # the long key's first attempt fails
+                return Reply(503, b"busy")
         return Reply(200)
 
     rx = receivers(behaviour)
@@ -368,19 +373,17 @@ def test_a_key_too_long_for_the_retry_index_does_not_stall_the_other_keys(db, re
                                max_attempts=5))
     relay.wait_log("ordering lanes rebalanced", timeout=20)
     with db.connect() as conn:
-        long_id = conn.execute(*insert_sql(long_key, {"kind": "long-key-event"})).fetchone()[0]
-        # Stored as is (not compressed below the limit): the scenario really has the oversized key.
-        assert conn.execute("SELECT pg_column_size(aggregate_id) FROM outbox_events WHERE id = %s",
-                            (long_id,)).fetchone()[0] > 2704
+        key_id = conn.execute(*insert_sql(key, {"kind": "first-attempt-fails"})).fetchone()[0]
     # The others come after its first attempt failed: that failure's outcome is what must be written.
-    wait_until(lambda: any(r.status == 503 for r in rx.requests_for(long_id)), timeout=10,
-               message="the long key's first attempt answered 503")
+    wait_until(lambda: any(r.status == 503 for r in rx.requests_for(key_id)), timeout=10,
+               message="the first attempt answered 503")
     committed = {}
     with db.connect() as conn:
         for n in range(11):
             event_id, t = commit_one(conn, f"short-{n}", {"n": n})
             committed[event_id] = t
             time.sleep(0.05)
+        second_id, _ = commit_one(conn, key, {"second": True})
     bound = 5.0
     deadline = max(committed.values()) + bound
     while time.monotonic() < deadline and not set(committed) <= rx.acked_ids():
@@ -397,22 +400,47 @@ def test_a_key_too_long_for_the_retry_index_does_not_stall_the_other_keys(db, re
     assert not late, (f"{len(late)} of 11 other keys' events not acknowledged within {bound} s of their COMMIT "
                       f"(id -> latency s or None): {late}; the relay's last warnings: {errors}")
     assert relay.alive(), "the relay exited"
-    # The long key's row ends delivered or dead-lettered with its error, not pending for ever.
     final = wait_until(lambda: (lambda r: r if r[0] or r[1] else None)(db.query(
-        "SELECT processed_at IS NOT NULL, dead_lettered_at IS NOT NULL, last_error FROM outbox_events "
-        "WHERE id = %s", (long_id,))[0]), timeout=10, message="the long key's row delivered or dead-lettered")
-    done, dead, last_error = final
-    if dead:
-        assert last_error, "a dead-lettered row names its error"
-    # The relay still delivers after all that.
+        "SELECT processed_at IS NOT NULL, dead_lettered_at IS NOT NULL, attempts, last_error FROM outbox_events "
+        "WHERE id = %s", (key_id,))[0]), timeout=10, message="the row delivered or dead-lettered")
+    # The key's second event follows it (after its delivery, or its dead letter).
+    wait_until(lambda: second_id in rx.acked_ids(), timeout=10, message="the key's second event acknowledged")
+    if final[0]:
+        assert first_ack(key_id) < first_ack(second_id), "the key's second event went before its first"
     with db.connect() as conn:
         after, t_after = commit_one(conn, "short-after", {"after": True})
     while time.monotonic() < t_after + bound and after not in rx.acked_ids():
         time.sleep(0.02)
     assert after in rx.acked_ids(), "an event committed afterwards was not acknowledged within 5 s"
     time.sleep(0.3)
-    for i in [*committed, after]:
+    for i in [*committed, after, second_id]:
         assert [r.status for r in rx.requests_for(i)] == [200], f"id {i}: {[r.status for r in rx.requests_for(i)]}"
     assert relay.alive()
-    print(f"long key's row: processed={done} dead_lettered={dead} last_error={last_error!r:.120}")
+    print(f"the row: processed={final[0]} dead_lettered={final[1]} attempts={final[2]} last_error={final[3]!r:.160}")
     assert relay.stop() == 0
+    return final, key_id
+
+
+def test_a_key_too_long_for_a_btree_entry_is_retried_as_any_other(db, relays, receivers):  # noqa: F811
+    # Incompressible (random letters and digits): an (aggregate_id, id) entry of the retry index of
+    # schemas 1-12 could not fit a B-tree page (2,704 bytes), so its failed attempt could not be
+    # recorded, and the event was dead-lettered at once. Schema 13 indexes a hash of the key.
+    rnd = random.Random(7)
+    long_key = "".join(rnd.choice(string.ascii_letters + string.digits) for _ in range(5000))
+    (processed, dead, attempts, last_error), key_id = first_attempt_fails_then_others_flow(db, relays, receivers,
+                                                                                            long_key)
+    assert db.query("SELECT pg_column_size(aggregate_id) FROM outbox_events WHERE id = %s", (key_id,))[0][0] > 2704
+    assert processed and not dead, f"the long key's event was dead-lettered: {last_error}"
+    assert attempts == 1 and "503" in (last_error or ""), (attempts, last_error)
+
+
+def test_an_outcome_one_row_cannot_take_dead_letters_that_row_and_the_others_flow(db, relays, receivers):  # noqa: F811
+    # An operator's constraint (NOT VALID: the rows stored are not checked) that a retry of the key
+    # "poison" breaks: its failed attempt cannot be recorded (SQLSTATE 23514). The relay writes the
+    # batch's outcomes one by one, dead-letters that row with the reason, and every other key flows.
+    (processed, dead, attempts, last_error), _ = first_attempt_fails_then_others_flow(
+        db, relays, receivers, "poison",
+        setup=["ALTER TABLE outbox_events ADD CONSTRAINT no_retry_of_poison "
+               "CHECK (attempts = 0 OR dead_lettered_at IS NOT NULL OR aggregate_id <> 'poison') NOT VALID"])
+    assert dead and not processed
+    assert "no_retry_of_poison" in last_error and "23514" in last_error, last_error

@@ -323,3 +323,93 @@ def test_schema_9_moves_the_lane_mark_into_the_lane_type_unless_a_view_uses_the_
                 conn.execute("UPDATE outbox_events SET lease_owner = 'x', processed_at = now()")
                 assert conn.execute("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() "
                                     "AND locktype = 'advisory'").fetchone()[0] == 0
+
+
+def retry_indexes(db: Database):
+    """{index name: (valid, definition)} of the table's indexes whose name holds "retry"."""
+    return {name: (valid, definition) for name, valid, definition in db.query(
+        "SELECT c.relname, i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index AS i "
+        "JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = 'outbox_events'::regclass "
+        "AND c.relname LIKE '%retry%'")}
+
+
+@pytest.mark.parametrize("old_db", [12], indirect=True, ids=lambda v: f"from_v{v}")
+def test_schema_13_builds_its_index_concurrently_while_a_writer_stays_open(old_db):
+    """Schema 13 moves the retry index from the key to a hash of the key. migrate builds the new
+    index with CREATE INDEX CONCURRENTLY before its transaction: with a writer open on the table
+    (which a plain CREATE INDEX would wait for, and every later writer behind it), the index shows
+    in the catalog, not valid yet, while other writers keep committing; a second migrate waits for
+    that build; an invalid index left by an interrupted build is dropped and built again."""
+    db = old_db
+    key = "K"
+    assert set(retry_indexes(db)) == {"outbox_events_retry_idx"}
+    insert = "INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', %s, '{}') RETURNING id"
+
+    # The upgrade while a writer stays open after its INSERT.
+    with db.connect() as open_writer:
+        open_writer.execute("BEGIN")
+        open_writer.execute(insert, (key,))
+        runs = []
+
+        def run_migrate():
+            runs.append(db.migrate())
+
+        first = threading.Thread(target=run_migrate)
+        first.start()
+        wait_until(lambda: db.scalar("SELECT count(*) FROM pg_stat_progress_create_index "
+                                     "WHERE command = 'CREATE INDEX CONCURRENTLY' "
+                                     "AND index_relid = to_regclass('outbox_events_retry_hash_idx')") == 1,
+                   timeout=10, message="migrate building the index concurrently")
+        assert retry_indexes(db)["outbox_events_retry_hash_idx"][0] is False
+        second = threading.Thread(target=run_migrate)
+        second.start()
+        # Other writers commit meanwhile, each at once.
+        with db.connect() as other:
+            for _ in range(20):
+                started = time.monotonic()
+                other.execute(insert, ("other",))
+                assert time.monotonic() - started < 0.5, "a writer waited for the index build"
+                time.sleep(0.1)
+        assert first.is_alive() and second.is_alive(), [r.stdout + r.stderr for r in runs]
+        open_writer.execute("COMMIT")
+        first.join(timeout=60)
+        second.join(timeout=60)
+    assert [r.returncode for r in runs] == [0, 0], [r.stdout + r.stderr for r in runs]
+    assert sum("applied 013_" in r.stdout for r in runs) == 1, [r.stdout for r in runs]
+    assert sum("building the index outbox_events_retry_hash_idx concurrently" in r.stdout for r in runs) == 1, runs
+    assert not any(r.stderr for r in runs), [r.stderr for r in runs]
+    indexes = retry_indexes(db)
+    assert set(indexes) == {"outbox_events_retry_hash_idx"}, indexes
+    valid, definition = indexes["outbox_events_retry_hash_idx"]
+    assert valid and "hashtextextended(aggregate_id, (0)::bigint), id)" in definition, definition
+    assert "attempts > 0" in definition and "processed_at IS NULL" in definition, definition
+    assert schema_versions(db) == list(range(1, NEWEST + 1))
+    # Both claim functions read the key's failed events by the hash.
+    for args in ("13", "14"):
+        text = db.scalar("SELECT pg_get_functiondef(p.oid) FROM pg_proc AS p WHERE p.proname = 'outbox_claim' "
+                         "AND p.pronargs = %s", (int(args),))
+        assert text.count("hashtextextended(b.aggregate_id, 0) = pg_catalog.hashtextextended(c.aggregate_id, 0)") == 1
+        assert "(b.aggregate_id, b.id) >=" not in text
+
+    # An interrupted build (the index left invalid), in a fresh database at schema 12: migrate drops
+    # it and builds it again.
+    with database_at(db.cluster, 12) as other:
+        with other.connect() as open_writer, other.connect() as builder:
+            open_writer.execute("BEGIN")
+            open_writer.execute(insert, (key,))
+            pid = builder.execute("SELECT pg_backend_pid()").fetchone()[0]
+            canceller = threading.Timer(1.0, lambda: other.query("SELECT pg_cancel_backend(%s)", (pid,)))
+            canceller.start()
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                builder.execute("CREATE INDEX CONCURRENTLY outbox_events_retry_hash_idx ON outbox_events "
+                                "(pg_catalog.hashtextextended(aggregate_id, 0), id) WHERE attempts > 0")
+            canceller.join()
+            open_writer.execute("COMMIT")
+        assert retry_indexes(other)["outbox_events_retry_hash_idx"][0] is False
+        again = other.migrate()
+        assert again.returncode == 0 and "applied 013_" in again.stdout and not again.stderr, again.stderr
+        indexes = retry_indexes(other)
+        assert set(indexes) == {"outbox_events_retry_hash_idx"}, indexes
+        assert indexes["outbox_events_retry_hash_idx"][0] is True
+        assert "attempts > 0" in indexes["outbox_events_retry_hash_idx"][1]
+        assert "processed_at IS NULL" in indexes["outbox_events_retry_hash_idx"][1], indexes

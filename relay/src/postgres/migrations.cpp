@@ -1,6 +1,7 @@
 #include "postgres/migrations.hpp"
 
 #include <chrono>
+#include <cstdio>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -52,7 +53,94 @@ std::string qualified_table(const MigrationTarget& target) {
   return quote_identifier(target.schema) + "." + quote_identifier(target.name);
 }
 
+// Builds one index with CREATE INDEX CONCURRENTLY: writers go on (the plain CREATE INDEX of a
+// migration's transaction holds a SHARE lock on the table, which stops every writer for the whole
+// scan of a table that may hold millions of rows). The build waits for the transactions open at
+// its start, not the other way round. An index that exists and is valid is left alone; one that
+// another session is building is waited for; one left invalid by a build that failed is dropped
+// and built again. A build that fails is dropped and said (a warning): the migration's own
+// CREATE INDEX IF NOT EXISTS then builds it in its transaction.
+void build_concurrently(pqxx::nontransaction& tx, const MigrationTarget& target, const IndexStatement& index,
+                        std::vector<std::string>& warnings) {
+  const std::string qualified = quote_identifier(target.schema) + "." + index.name;
+  for (int builds = 0;;) {
+    const auto r = tx.exec_params(
+        "SELECT i.indisvalid AND i.indisready, EXISTS (SELECT 1 FROM pg_catalog.pg_stat_progress_create_index AS p "
+        "                                              WHERE p.index_relid = i.indexrelid) "
+        "FROM pg_catalog.pg_index AS i WHERE i.indexrelid = pg_catalog.to_regclass($1)",
+        qualified);
+    if (!r.empty() && r[0][0].as<bool>()) return;
+    if (!r.empty() && r[0][1].as<bool>()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // another migrate's build
+      continue;
+    }
+    if (!r.empty()) tx.exec0("DROP INDEX CONCURRENTLY IF EXISTS " + qualified);  // a failed build's leftover
+    if (builds++ == 2) {
+      warnings.push_back("WARNING: outbox-relay: the index " + index.name +
+                         " was left invalid by two concurrent builds, so migrate builds it in its transaction "
+                         "(writers wait for that build)");
+      return;
+    }
+    try {
+      // Said first: the build waits for every transaction open on the table when it starts.
+      std::printf("building the index %s concurrently (writers go on; it waits for the transactions open on %s)\n",
+                  index.name.c_str(), qualified_table(target).c_str());
+      std::fflush(stdout);
+      tx.exec0("CREATE INDEX CONCURRENTLY IF NOT EXISTS " + index.name + " " + index.definition);
+    } catch (const pqxx::sql_error& e) {
+      tx.exec0("DROP INDEX CONCURRENTLY IF EXISTS " + qualified);
+      warnings.push_back("WARNING: outbox-relay: the index " + index.name +
+                         " could not be built concurrently, so migrate builds it in its transaction (writers wait "
+                         "for that build): " +
+                         describe_error(e));
+      return;
+    }
+  }
+}
+
+// The indexes of the pending migrations, built before their transaction (build_concurrently) when
+// the table exists already.
+std::vector<std::string> build_indexes_first(const std::string& url, const MigrationTarget& target,
+                                             const std::string& records, const std::string& table, int to_version,
+                                             const std::string& channel) {
+  std::vector<std::string> warnings;
+  auto conn = open_session(url, "migrate");
+  pqxx::nontransaction tx(*conn);
+  if (tx.exec_params1("SELECT pg_catalog.to_regclass($1) IS NULL", qualified_table(target))[0].as<bool>()) {
+    return warnings;
+  }
+  int current = 0;  // as migrate reads it (the records of a release before lock_key have no such column)
+  if (!tx.exec_params1("SELECT pg_catalog.to_regclass($1) IS NULL", records)[0].as<bool>()) {
+    current = tx.exec_params1("SELECT coalesce(max(version), 0) FROM " + records + " WHERE table_name IN ($1, $2, $3)",
+                              table, target.schema + "." + target.name, target.lock_key)[0]
+                  .as<int>();
+  }
+  tx.exec0("SET statement_timeout = 0; SET lock_timeout = 0");
+  for (const auto& m : embedded_migrations()) {
+    if (m.version <= current) continue;
+    if (to_version > 0 && m.version > to_version) break;
+    for (const auto& index : indexes_created(render_migration(m.sql, target, channel))) {
+      build_concurrently(tx, target, index, warnings);
+    }
+  }
+  return warnings;
+}
+
 }  // namespace
+
+std::vector<IndexStatement> indexes_created(const std::string& sql) {
+  static constexpr std::string_view kCreate = "\nCREATE INDEX IF NOT EXISTS ";
+  std::vector<IndexStatement> out;
+  const std::string text = "\n" + sql;
+  for (auto at = text.find(kCreate); at != std::string::npos; at = text.find(kCreate, at + 1)) {
+    const auto name = at + kCreate.size();
+    const auto space = text.find(' ', name);
+    const auto end = text.find(';', space);
+    if (space == std::string::npos || end == std::string::npos) break;
+    out.push_back({text.substr(name, space - name), text.substr(space + 1, end - space - 1)});
+  }
+  return out;
+}
 
 std::string render_migration(const std::string& sql, const MigrationTarget& target, const std::string& channel) {
   std::string out = sql;
@@ -91,8 +179,9 @@ MigrateResult migrate(const std::string& url, const std::string& table, const st
                              lock_key(names.schema, name)};
       const std::string records =
           names.found ? names.migrations : quote_identifier(names.schema) + ".outbox_schema_migrations";
-      auto conn = open_session(url, "migrate");
       MigrateResult result;
+      result.warnings = build_indexes_first(url, target, records, table, to_version, channel);
+      auto conn = open_session(url, "migrate");
       WarningCollector warnings(*conn, result.warnings);
       pqxx::work tx(*conn);
       tx.exec_params("SELECT pg_advisory_xact_lock($1)", advisory_key("outbox-relay:migrate"));

@@ -92,7 +92,8 @@ struct PgStore::Impl {
   // After a statement that wrote several events' outcomes failed with an error one row can cause
   // (row_tied_sqlstate): writes them one event at a time on tx's session, and dead-letters, with
   // the reason, an event whose own outcome cannot be written, so that one row never stalls the
-  // others (a retry of a key too long for the retry index's entries, issue 42).
+  // others (issue 42: a retry an operator's constraint refuses; before schema 13 also the retry of
+  // a key too long for a B-tree entry).
   void write_outcomes_one_by_one(pqxx::nontransaction& tx, std::span<const Completion> completions);
   // A reading's (or a connect's) look at the id sequence's CACHE: health, metric and error log.
   void sequence_cache_seen(long long cache, std::chrono::steady_clock::time_point now);

@@ -54,3 +54,25 @@ TEST_CASE("every embedded migration renders without a placeholder left") {
               .find("{{") == std::string::npos);
   }
 }
+
+TEST_CASE("the indexes a migration creates, which migrate builds concurrently first") {
+  using outbox::pg::indexes_created;
+  const auto found = indexes_created(
+      "-- a comment that names CREATE INDEX IF NOT EXISTS x ON y;\n"
+      "CREATE INDEX IF NOT EXISTS t_a_idx ON \"s\".\"t\" (id)\n  WHERE done IS NULL;\n"
+      "  CREATE INDEX IF NOT EXISTS indented ON t (id);\n"
+      "CREATE INDEX IF NOT EXISTS t_b_idx ON \"s\".\"t\" (pg_catalog.hashtextextended(k, 0), id);");
+  REQUIRE(found.size() == 2);
+  CHECK(found[0].name == "t_a_idx");
+  CHECK(found[0].definition == "ON \"s\".\"t\" (id)\n  WHERE done IS NULL");
+  CHECK(found[1].name == "t_b_idx");
+  CHECK(found[1].definition == "ON \"s\".\"t\" (pg_catalog.hashtextextended(k, 0), id)");
+  // Schema 1 makes the table and its indexes in one go; schema 13 builds its index first.
+  const outbox::pg::MigrationTarget target{"public", "outbox_events", "public", "outbox", "outbox_events"};
+  CHECK(indexes_created(render_migration(embedded_migrations().front().sql, target, "c")).size() == 4);
+  const auto retry = indexes_created(render_migration(embedded_migrations().at(12).sql, target, "c"));
+  REQUIRE(retry.size() == 1);
+  CHECK(retry[0].name == "outbox_events_retry_hash_idx");
+  CHECK(
+      retry[0].definition.starts_with("ON \"public\".\"outbox_events\" (pg_catalog.hashtextextended(aggregate_id, 0)"));
+}
