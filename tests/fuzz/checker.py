@@ -486,6 +486,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         "held_by_sink": sum(1 for r in crow if r.uid in holds),
         "dead_lettered": len(dead), "dead_lettered_poison_key": len(dead_ok),
         "long_keys_delivered": sum(1 for uid in occ if len(rows[uid].key.encode()) > 2704),
+        "long_keys_retried": sum(1 for uid in occ if len(rows[uid].key.encode()) > 2704 and failures.get(uid)),
         "lines": len(lines),
         "duplicates": sum(len(lst) - 1 for lst in occ.values()),
         "late": late_n, "missing": missing_n, "order_pairs": order_n,

@@ -831,7 +831,8 @@ class Fuzz:
               f"({st['lines']} lines, {st['duplicates']} duplicates); epochs {st['epochs']}; "
               f"{'rows a broker restart or a late topic may have failed' if self.reader else 'failed webhook attempts'} "
               f"{st['attempts_failed']}; dead-lettered {st['dead_lettered']} (poison keys: "
-              f"{st['dead_lettered_poison_key']}); keys over 2,704 bytes delivered {st['long_keys_delivered']}")
+              f"{st['dead_lettered_poison_key']}); events of keys over 2,704 bytes delivered "
+              f"{st['long_keys_delivered']} ({st['long_keys_retried']} after a failed attempt)")
         if self.reader is not None:
             print(f"fuzz: kafka: records read {self.reader.records}; late topics created {len(self.topic_ready)} "
                   f"(0.5-3 s after a writer first used one); events held by a late topic {st['held_by_sink']}")

@@ -78,18 +78,12 @@ def test_a_compressed_payload_counts_as_the_most_it_can_stand_for(db):
     assert got == [small]
 
 
-def peak_rss_mib(pid: int) -> float:
+def memory_mib(pid: int, field: str) -> float:
+    """A field of /proc/<pid>/status in MiB: VmRSS (now) or VmHWM (the peak)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    raise AssertionError(f"no {field}")
 
 
 @pytest.mark.parametrize("kind", ["noise", "halves"])
@@ -110,13 +104,13 @@ def test_a_relay_holds_a_few_times_the_window_not_the_backlog(db, relays, workdi
             expected += insert(db, [{"pad": pad(4 << 20)} for _ in range(24)], keys=6)
         relay = relays(config)
         relay.wait_log("ordering lanes rebalanced")
-        base = rss_mib(relay.proc.pid)
+        base = memory_mib(relay.proc.pid, "VmRSS")
         if phase == "poll":
             time.sleep(1)
             expected += insert(db, [{"pad": pad(4 << 20)} for _ in range(24)], keys=6)
         wait_until(lambda: db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL") == 0,
                    timeout=120, message="every event delivered")
-        growth.append(peak_rss_mib(relay.proc.pid) - base)
+        growth.append(memory_mib(relay.proc.pid, "VmHWM") - base)
         assert relay.stop() == 0
         # Nothing failed on the way (a claim that errors is retried after a reconnect, from the start).
         assert not [l for l in relay.logs() if l.get("level") in ("warn", "error")], phase
