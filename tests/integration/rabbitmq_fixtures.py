@@ -113,6 +113,11 @@ class RabbitServer:
     def restart(self):
         self.start()
 
+    def log_tail(self, lines=40) -> str:
+        """The node's own log, its last lines (for a failure's message)."""
+        log = self.dir / "log" / "rabbit.log"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
+
     def stop(self):
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)  # the start script stops the node cleanly

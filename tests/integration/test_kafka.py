@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import Writers, base_config, pending, rows_by_id, run_cli, unique, wait_until
+from conftest import Writers, assert_no_dead_letters, base_config, pending, rows_by_id, run_cli, unique, wait_until
 from kafka_fixtures import check_order, kafka_broker, own_kafka_broker, read_topic, strict_kafka_broker  # noqa: F401
 
 
@@ -40,7 +40,7 @@ def test_1_fifty_thousand_events_from_8_writers_reach_the_topic_once_in_key_orde
     started = time.monotonic()
     wait_until(lambda: pending(db) == 0, timeout=240, message="no pending rows")
     drained_after = time.monotonic() - started
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
     assert db.scalar("SELECT count(*) FROM outbox_events") == 50_010
 
     messages = read_topic(kafka_broker.bootstrap, kafka_topic)
@@ -95,7 +95,7 @@ def test_2_broker_killed_mid_run_and_restarted_no_row_done_without_ack(db, relay
 
     rows = rows_by_id(db)
     assert len(rows) == 20_000
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
     retried = db.scalar("SELECT count(*) FROM outbox_events WHERE attempts > 0")
     assert retried > 0, "the outage should have made some batches retry"
 
@@ -250,7 +250,7 @@ def test_a_failing_event_holds_its_key_later_events_and_no_other_key(db, relays,
     broker.create_topic("outbox." + stuck_topic, partitions=1, config=log_append)
     writers.join()
     wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows once the topic exists")
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
 
     stuck = read_topic(broker.bootstrap, "outbox." + stuck_topic)
     flow = read_topic(broker.bootstrap, "outbox." + ok_topic)

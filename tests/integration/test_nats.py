@@ -10,8 +10,8 @@ import uuid
 
 from nats.js.api import DiscardPolicy
 
-from conftest import (Writers, base_config, check_failed_events_hold_their_keys, check_held_keys_caught_up,
-                      pending, rows_by_id, run_cli, unique, wait_until)
+from conftest import (Writers, assert_no_dead_letters, base_config, check_failed_events_hold_their_keys,
+                      check_held_keys_caught_up, pending, rows_by_id, run_cli, unique, wait_until)
 from nats_fixtures import check_order, nats_server, nats_server_with_password, own_nats_server, read_stream  # noqa: F401
 
 
@@ -49,7 +49,7 @@ def test_1_twenty_thousand_events_reach_the_stream_once_in_key_order(db, relays,
     started = time.monotonic()
     wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows")
     drained_after = time.monotonic() - started
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
     assert db.scalar("SELECT count(*) FROM outbox_events") == 20_000
 
     messages = read_stream(nats_server, stream)
@@ -101,7 +101,7 @@ def test_2_server_killed_and_restarted_mid_drain_nothing_lost_no_duplicate(db, r
 
     rows = rows_by_id(db)
     assert len(rows) == 20_000
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
     retried = db.scalar("SELECT count(*) FROM outbox_events WHERE attempts > 0")
     assert retried > 0, "the outage should have made some events retry"
 

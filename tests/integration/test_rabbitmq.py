@@ -10,8 +10,8 @@ import uuid
 
 import pika
 
-from conftest import (Writers, base_config, check_failed_events_hold_their_keys, check_held_keys_caught_up,
-                      pending, rows_by_id, run_cli, run_config, unique, wait_until)
+from conftest import (Writers, assert_no_dead_letters, base_config, check_failed_events_hold_their_keys,
+                      check_held_keys_caught_up, pending, rows_by_id, run_cli, run_config, unique, wait_until)
 from rabbitmq_fixtures import check_order, rabbitmq, read_queue  # noqa: F401
 
 
@@ -38,7 +38,7 @@ def test_20000_events_reach_the_queue_once_in_key_order_with_their_properties(db
     started = time.monotonic()
     wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows")
     drained_after = time.monotonic() - started
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
     assert db.scalar("SELECT count(*) FROM outbox_events") == 20_010
 
     messages = read_queue(rabbitmq, queue)
@@ -96,7 +96,13 @@ def test_node_killed_mid_drain_and_restarted_nothing_lost_duplicates_reported(db
 
     rows = rows_by_id(db)
     assert len(rows) == 20_000
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    try:
+        assert_no_dead_letters(db)
+    except AssertionError as e:  # seen once in CI (16,800 of 20,000): what the relay and the node said
+        said = [f"{l.get('ts')} {l.get('msg')}: {str(l.get('error', ''))[:200]}" for l in relay.logs()
+                if l.get("level") in ("warn", "error")]
+        raise AssertionError(f"{e}; the node was down {down_for:.1f} s; the relay's first warnings: {said[:8]}; "
+                             f"the node's log:\n{rabbitmq.log_tail()}") from None
     retried = db.scalar("SELECT count(*) FROM outbox_events WHERE attempts > 0")
     assert retried > 0, "the outage should have made some batches retry"
 
@@ -336,7 +342,7 @@ def test_tls_with_a_client_certificate_and_a_bad_certificate_refused(db, relays,
     relay.wait_log("ordering lanes rebalanced")
     ids = db.insert([(f"tls.{i % 3}", f"k{i % 5}", {"n": i}) for i in range(50)])
     wait_until(lambda: pending(db) == 0, timeout=60, message="no pending rows")
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
     result = check_order(read_queue(rabbitmq, queue))
     assert result["ids"] == set(ids)
     connected = relay.wait_log("rabbitmq connected")

@@ -10,7 +10,8 @@ import urllib.error
 import urllib.request
 import uuid
 
-from conftest import Writers, base_config, free_port, make_tls_files, pending, run_cli, run_config, unique, wait_until
+from conftest import (Writers, assert_no_dead_letters, base_config, free_port, make_tls_files, pending, run_cli,
+                      run_config, unique, wait_until)
 from redis_fixtures import check_order, entry_headers, own_redis_server, read_stream, redis_server  # noqa: F401
 
 
@@ -37,7 +38,7 @@ def test_20000_events_from_4_writers_reach_the_stream_exactly_once_in_key_order(
                               for i in range(20)])
     writers.join()
     wait_until(lambda: pending(db) == 0, timeout=120, message="no pending rows")
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
     assert db.scalar("SELECT count(*) FROM outbox_events") == 20_000
 
     with redis_server.client() as client:
@@ -87,7 +88,7 @@ def test_redis_killed_mid_drain_and_restarted_nothing_lost(db, relays, own_redis
 
     rows = rows_by_id(db)
     assert len(rows) == 20_000
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
     retried = db.scalar("SELECT count(*) FROM outbox_events WHERE attempts > 0")
     assert retried > 0, "the outage should have made some batches retry"
     with server.client() as client:
@@ -317,5 +318,5 @@ def test_a_retried_event_holds_its_key_while_later_batches_are_pipelined_and_oth
     for e in good_entries:
         if e.key == key and e.outbox_id > held_ids[1] or e.key == key2:
             assert entry_time(e)[0] >= retried_at[e.key], f"event {e.outbox_id} reached Redis before the retried event"
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
     assert relay.alive()

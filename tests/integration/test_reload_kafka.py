@@ -6,7 +6,8 @@ from __future__ import annotations
 import signal
 import time
 
-from conftest import Writers, base_config, free_port, http_get, metric, read_jsonl, unique, wait_until, yaml_config
+from conftest import (Writers, assert_no_dead_letters, base_config, free_port, http_get, metric, read_jsonl, unique,
+                      wait_until, yaml_config)
 from kafka_fixtures import check_order, kafka_broker, read_topic  # noqa: F401
 
 
@@ -62,7 +63,7 @@ def test_five_reloads_and_an_invalid_one_during_a_stream_cost_no_event_and_no_du
     ids = [r[0] for r in db.query("SELECT id FROM outbox_events ORDER BY id")]
     assert len(ids) == 8000
     wait_until(lambda: db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NULL") == 0, timeout=120)
-    assert db.scalar("SELECT count(*) FROM outbox_events WHERE dead_lettered_at IS NOT NULL") == 0
+    assert_no_dead_letters(db)
 
     messages = read_topic(kafka_broker.bootstrap, kafka_topic)
     result = check_order(messages)
