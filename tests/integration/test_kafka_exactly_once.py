@@ -435,12 +435,16 @@ def test_a_broker_too_slow_for_delivery_timeout_costs_attempts(db, relays, own_k
     broker.create_topic(kafka_topic, partitions=3)
     relay = relays(relay_config(db, broker, "outbox.{topic}", delivery_timeout="2s"))
     relay.wait_log("kafka takeover: producer initialised")
-    writers = Writers(db, count=2, per_writer=3000, keys=20, topic=row_topic, pause=0.01).start()
+    # Enough events for four pauses and their takeovers. CI once paused the broker three more times
+    # while the relay was still taking over after the first pause, and saw no retry: each pause now
+    # waits for 200 more events delivered first.
+    writers = Writers(db, count=2, per_writer=6000, keys=20, topic=row_topic, pause=0.01).start()
     retried = ("SELECT count(*) FROM outbox_events WHERE attempts > 0 "
                "AND last_error LIKE '%acknowledged within delivery_timeout%'")
+    done = "SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL"
     for _ in range(4):
-        wait_until(lambda: db.scalar("SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL") >= 200,
-                   timeout=60, message="events flowing before the pause")
+        before = db.scalar(done)
+        wait_until(lambda: db.scalar(done) >= before + 200, timeout=60, message="events flowing before the pause")
         os.kill(broker.pid(), signal.SIGSTOP)
         try:
             time.sleep(4)
@@ -455,7 +459,7 @@ def test_a_broker_too_slow_for_delivery_timeout_costs_attempts(db, relays, own_k
     assert db.scalar(retried) > 0, f"no event of a transaction not acknowledged in time cost an attempt: {warned}"
     writers.join()
     wait_until(lambda: pending(db) == 0, timeout=180, message="no pending rows after the pauses")
-    assert_exactly_once(db, broker.bootstrap, kafka_topic, expected_rows=6000)
+    assert_exactly_once(db, broker.bootstrap, kafka_topic, expected_rows=12000)
     assert relay.alive()
 
 
