@@ -578,7 +578,7 @@ TEST_SUITE("kafka-mock") {
     CHECK(outcomes[2].reason.find("goes to topic outbox.orders") != std::string::npos);
   }
 
-  TEST_CASE("kafka mock: pipelined, a fatal error voids both batches in flight and replaces the producer once") {
+  TEST_CASE("kafka mock: pipelined, a fatal error voids every batch in flight whole and replaces the producer once") {
     QuietLogs quiet;
     MockCluster cluster(3);
     cluster.create_topic("outbox.orders", 4);
@@ -587,7 +587,11 @@ TEST_SUITE("kafka-mock") {
     for (int i = 1; i <= 100; ++i) first.push_back(event(i, "a-" + std::to_string(i % 7)));
     for (int i = 101; i <= 200; ++i) second.push_back(event(i, "b-" + std::to_string(i % 7)));
     cluster.push_produce_errors({RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER});
+    bool error_before_second_submit = false;
+    SUBCASE("submitted back to back") {}
+    SUBCASE("the error comes before the second submit") { error_before_second_submit = true; }
     sink->submit(pointers(first));
+    if (error_before_second_submit) std::this_thread::sleep_for(milliseconds{1000});
     sink->submit(pointers(second));
     const auto started = SteadyClock::now();
     const auto older = sink->collect();
@@ -599,13 +603,26 @@ TEST_SUITE("kafka-mock") {
         return o.kind == OutcomeKind::kRetry && o.reason.find("fatal Kafka producer error") == 0;
       });
     };
-    // The newer batch is in flight when the error comes, so it is voided whole. The older one is
-    // too, unless every report of it came before the error (its acknowledgements are real then;
-    // seen under ASan's timing): all delivered or all voided, never a part of it delivered.
-    CHECK(voided(newer));
-    const bool older_delivered =
-        std::all_of(older.begin(), older.end(), [](const Outcome& o) { return o.kind == OutcomeKind::kDelivered; });
-    CHECK((older_delivered || voided(older)));
+    const auto delivered = [](const std::vector<Outcome>& outcomes) {
+      return std::all_of(outcomes.begin(), outcomes.end(),
+                         [](const Outcome& o) { return o.kind == OutcomeKind::kDelivered; });
+    };
+    // Every batch in flight when the error is seen is voided whole; a batch is never part
+    // delivered. Which batches were in flight depends on timing, all three ways are right:
+    //  - both, the usual case: the error is seen while collecting;
+    //  - only the newer one: every report of the older came before the error (seen under ASan);
+    //  - only the older one: the error came before the second submit, which replaced the
+    //    producer before its batch opened, so the newer batch went to the new producer (seen in
+    //    CI once).
+    CHECK((voided(older) || delivered(older)));
+    CHECK((voided(newer) || delivered(newer)));
+    CHECK((voided(older) || voided(newer)));
+    if (error_before_second_submit) {
+      CHECK(voided(older));
+      CHECK(delivered(newer));
+    }
+    MESSAGE("older batch " << std::string(voided(older) ? "voided" : "delivered") << ", newer batch "
+                           << std::string(voided(newer) ? "voided" : "delivered"));
     CHECK(SteadyClock::now() - started < seconds{4});  // no wait for a deadline
     CHECK(sink->producer_replacements() == 1);
     const auto retried = sink->publish(pointers(first));
