@@ -66,4 +66,28 @@ void append_structured_cloudevent(const Event& event, const Envelope& envelope, 
   out += "}\n";
 }
 
+void append_json_line(const Event& e, std::string& out) {
+  out += "{\"id\":";
+  out += std::to_string(e.id);
+  out += ",\"topic\":";
+  out += json_string(e.topic);
+  out += ",\"key\":";
+  out += json_string(e.key);
+  out += ",\"payload\":";
+  out += e.payload;  // already JSON text from Postgres
+  out += ",\"headers\":";
+  out += e.headers_json.empty() ? "{}" : e.headers_json;
+  out += ",\"created_at\":\"";
+  out += e.created_at;
+  out += "\"}\n";
+}
+
+void append_record(const Event& event, const Envelope& envelope, std::string& out) {
+  if (envelope.format == EnvelopeFormat::kCloudEvents) {
+    append_structured_cloudevent(event, envelope, out);
+  } else {
+    append_json_line(event, out);
+  }
+}
+
 }  // namespace outbox::sinks

@@ -37,4 +37,10 @@ std::string percent_encode_header_value(std::string_view value);
 // `datacontenttype: application/json`, plus a newline.
 void append_structured_cloudevent(const Event& event, const Envelope& envelope, std::string& out);
 
+// The relay's own JSON record of an event (with a trailing newline), as JSON Lines and batched
+// webhook requests carry it: {"id","topic","key","payload","headers","created_at"}.
+void append_json_line(const Event& event, std::string& out);
+// The record in the envelope's format: append_json_line, or a structured CloudEvent.
+void append_record(const Event& event, const Envelope& envelope, std::string& out);
+
 }  // namespace outbox::sinks

@@ -10,17 +10,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "config/section.hpp"
 #include "log/log.hpp"
 
 namespace outbox::sinks {
 namespace {
-
-void append_json_string(const std::string& text, std::string& out) {
-  out += nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
 
 std::string errno_text(const char* what, int err) { return std::string(what) + ": " + std::strerror(err); }
 
@@ -141,30 +136,6 @@ class StdoutSink final : public NamedSink {
 };
 
 }  // namespace
-
-void append_json_line(const Event& e, std::string& out) {
-  out += "{\"id\":";
-  out += std::to_string(e.id);
-  out += ",\"topic\":";
-  append_json_string(e.topic, out);
-  out += ",\"key\":";
-  append_json_string(e.key, out);
-  out += ",\"payload\":";
-  out += e.payload;  // already JSON text from Postgres
-  out += ",\"headers\":";
-  out += e.headers_json.empty() ? "{}" : e.headers_json;
-  out += ",\"created_at\":\"";
-  out += e.created_at;
-  out += "\"}\n";
-}
-
-void append_record(const Event& event, const Envelope& envelope, std::string& out) {
-  if (envelope.format == EnvelopeFormat::kCloudEvents) {
-    append_structured_cloudevent(event, envelope, out);
-  } else {
-    append_json_line(event, out);
-  }
-}
 
 FileSink::FileSink(std::string name, FileSinkConfig config) : NamedSink(std::move(name)), config_(std::move(config)) {
   if (const int err = open_file()) {

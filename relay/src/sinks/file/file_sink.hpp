@@ -4,14 +4,10 @@
 #include <string>
 
 #include "core/sink.hpp"
+#include "sinks/envelope.hpp"
 #include "sinks/file/file_config.hpp"
 
 namespace outbox::sinks {
-
-// Renders one event as a JSON Lines record (with the trailing newline) onto out.
-void append_json_line(const Event& event, std::string& out);
-// The record in the sink's format: append_json_line, or a structured CloudEvent.
-void append_record(const Event& event, const Envelope& envelope, std::string& out);
 
 // Appends to a file and fsyncs before acknowledging. A failed write or fsync makes the whole batch
 // retry (the file is truncated back to where the batch began) and the file is opened again for the

@@ -85,6 +85,26 @@ std::optional<std::string> decode_whsec_secret(std::string_view secret) {
   return key;
 }
 
+std::string batch_message_id(std::span<const std::int64_t> ids) {
+  std::string text;
+  for (const std::int64_t id : ids) {
+    if (!text.empty()) text += ',';
+    text += std::to_string(id);
+  }
+  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
+  unsigned int length = 0;
+  if (EVP_Digest(text.data(), text.size(), digest.data(), &length, EVP_sha256(), nullptr) != 1) {
+    throw std::runtime_error("SHA-256 failed in OpenSSL");  // only on allocation failure
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "batch_";
+  for (unsigned int i = 0; i < 16; ++i) {
+    out += kHex[digest[i] >> 4];
+    out += kHex[digest[i] & 0xf];
+  }
+  return out;
+}
+
 std::string hmac_sha256(std::string_view key, std::string_view message) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
   unsigned int length = 0;

@@ -5,11 +5,18 @@
 // so a receiver can rotate keys without downtime.
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace outbox::sinks::webhook {
+
+// The webhook-id of a request that carries several events (events_per_request > 1): "batch_" and
+// 32 hex digits of SHA-256 over the ids, in the order given, as decimal text joined by commas.
+// The same events give the same id on a retry; two different sets of events never share one
+// (a receiver that drops a webhook-id it has seen loses nothing).
+std::string batch_message_id(std::span<const std::int64_t> ids);
 
 // Standard base64 (RFC 4648 §4) with '=' padding.
 std::string base64_encode(std::string_view bytes);

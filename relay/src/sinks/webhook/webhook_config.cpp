@@ -177,6 +177,8 @@ WebhookSinkConfig parse_webhook_sink(config::Section& s) {
   parse_headers(s, c);
   c.timeout = s.duration_or("timeout", c.timeout, std::chrono::milliseconds{100}, std::chrono::minutes{10});
   c.max_in_flight = static_cast<int>(s.integer_or("max_in_flight", c.max_in_flight, 1, kMaxWebhookInFlight));
+  c.events_per_request =
+      static_cast<int>(s.integer_or("events_per_request", c.events_per_request, 1, kMaxWebhookEventsPerRequest));
   parse_tls(s, c);
   return c;
 }
@@ -189,6 +191,7 @@ nlohmann::json describe_webhook_sink(const WebhookSinkConfig& c) {
           {"secrets", std::vector<std::string>(c.secrets.size(), "*****")},
           {"timeout", config::format_duration(c.timeout)},
           {"max_in_flight", c.max_in_flight},
+          {"events_per_request", c.events_per_request},
           {"tls", {{"ca_file", c.tls.ca_file}, {"insecure_skip_verify", c.tls.insecure_skip_verify}}}};
 }
 

@@ -5,6 +5,8 @@
 //   secrets: [whsec_..., whsec_...]       Standard Webhooks keys; one signature per key (rotation)
 //   timeout: 10s                          per request, connect included; also bounds a batch
 //   max_in_flight: 16                     concurrent requests (and kept-alive connections)
+//   events_per_request: 1                 1: one event per request, the payload as the body; more:
+//                                         a JSON array of up to that many events (docs/sinks.md)
 //   tls: {ca_file: /path/ca.pem, insecure_skip_verify: false}
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -33,14 +35,17 @@ struct WebhookSinkConfig {
   std::vector<std::string> signing_keys;                     // their decoded key bytes, in the same order
   std::chrono::milliseconds timeout{10'000};
   int max_in_flight = 16;
+  int events_per_request = 1;
   WebhookTlsConfig tls;
   Envelope envelope;  // format: json (the row's headers) or cloudevents (ce-* headers, binary mode)
 };
 
 inline constexpr int kMaxWebhookInFlight = 256;
+inline constexpr int kMaxWebhookEventsPerRequest = 1000;
 
 // Reads the webhook keys of a sink section. Throws config::ConfigError naming the key: missing
-// or non-http(s) url, a secret that is not whsec_<base64>, max_in_flight outside 1..256, an
+// or non-http(s) url, a secret that is not whsec_<base64>, max_in_flight outside 1..256,
+// events_per_request outside 1..1000, an
 // unreadable or non-PEM tls.ca_file, a header that is malformed or one the sink sets itself.
 // Registers every secret (secrets, url password, credential-like header values) with
 // log::add_secret before anything can log it.

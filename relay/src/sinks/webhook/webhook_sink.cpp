@@ -81,9 +81,10 @@ struct Transfer {
   std::string body;         // the first kMaxBodyExcerpt bytes of the response
   std::string retry_after;  // Retry-After of the final response, if any
   std::array<char, CURL_ERROR_SIZE> error{};
-  Submission* owner = nullptr;  // while attached: the submission whose event it carries
-  std::size_t index = 0;        // the event's index in that submission
-  bool attached = false;        // added to the multi handle
+  std::string request;               // the request body when it is built (events_per_request > 1)
+  Submission* owner = nullptr;       // while attached: the submission whose events it carries
+  std::vector<std::size_t> indices;  // their indices in that submission (one unless batched)
+  bool attached = false;             // added to the multi handle
 
   static std::size_t on_body(char* data, std::size_t size, std::size_t count, void* self) {
     auto* t = static_cast<Transfer*>(self);
@@ -131,14 +132,29 @@ struct Submission {
   std::size_t running = 0;      // its requests attached to the multi handle
   long new_connections = 0;
   std::string stopped;  // why none of its requests starts any more (curl itself failed), or empty
+  // Events of a request of several that the receiver refused (a 4xx): each goes again alone, so
+  // that only the event the receiver refuses is dead-lettered. Handed out by plan, not finished.
+  std::deque<std::size_t> alone;
+  std::string refused;  // the answer to the last such request, for the log
 
   void record(std::size_t index, Outcome outcome) {
     plan.finish(index, outcome.kind == OutcomeKind::kRetry);
     results[index] = std::move(outcome);
   }
 
+  // Whether a request of it may start now (KeyedDispatch, or an event to send alone).
+  bool ready(Steady::time_point now) const {
+    return (plan.ready() || !alone.empty()) && stopped.empty() && now < deadline;
+  }
+
   // One outcome per event, once nothing of it runs: events never started are deferred (released).
   std::vector<Outcome> outcomes() {
+    for (const std::size_t index : alone) {
+      results[index] = Outcome{OutcomeKind::kDeferred,
+                               "not sent again alone after the request of several was refused (" + refused +
+                                   "): " + (stopped.empty() ? "the batch reached the sink timeout" : stopped),
+                               std::nullopt};
+    }
     for (const auto& unsent : plan.unsent()) {
       std::string why = unsent.blocked     ? "blocked by an earlier event of the same key"
                         : !stopped.empty() ? "not sent: " + stopped
@@ -231,20 +247,62 @@ struct Client {
     return std::nullopt;
   }
 
-  // Sets up t for event e. Returns why the event can never be sent, if so.
-  std::optional<std::string> prepare(Transfer& t, const Event& e, std::size_t index) {
+  // The headers every request has: content type, Standard Webhooks' id, timestamp and signature
+  // over `body`, the config's static headers.
+  SlistPtr common_headers(const char* content_type, const std::string& id, std::string_view body) {
     SlistPtr list;
-    append(list, "Content-Type: application/json");
+    append(list, std::string("Content-Type: ") + content_type);
     append(list, "Expect:");  // no 100-continue round trip for larger bodies
-    const std::string id = std::to_string(e.id);
     const auto timestamp =
         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     append(list, "webhook-id: " + id);
     append(list, "webhook-timestamp: " + std::to_string(timestamp));
     if (!config.signing_keys.empty()) {
-      append(list, "webhook-signature: " + webhook::signature_header(config.signing_keys, id, timestamp, e.payload));
+      append(list, "webhook-signature: " + webhook::signature_header(config.signing_keys, id, timestamp, body));
     }
     for (const auto& line : static_header_lines) append(list, line);
+    return list;
+  }
+
+  // Sets t's per-request state and options; curl borrows body until the request ends.
+  static void arm(Transfer& t, SlistPtr list, std::string_view body) {
+    CURL* easy = t.easy.get();
+    t.body.clear();
+    t.retry_after.clear();
+    t.error[0] = '\0';
+    // Per-request options cannot fail once the same options were accepted at construction.
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, list.get());
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body.data());
+    t.headers = std::move(list);
+  }
+
+  // Sets up t for the events of s at t.indices (events_per_request > 1): a JSON array of their
+  // records as the file sink writes them (format json), or of structured CloudEvents
+  // (application/cloudevents-batch+json), in the order of t.indices. Cannot fail: whatever a row
+  // holds, JSON can carry it.
+  void prepare_batch(Transfer& t, std::span<const Event* const> events) {
+    std::vector<EventId> ids;
+    ids.reserve(t.indices.size());
+    t.request.clear();
+    t.request += '[';
+    for (const std::size_t index : t.indices) {
+      if (!ids.empty()) t.request += ',';
+      append_record(*events[index], config.envelope, t.request);
+      ids.push_back(events[index]->id);
+    }
+    t.request += ']';
+    const bool cloudevents = config.envelope.format == EnvelopeFormat::kCloudEvents;
+    arm(t,
+        common_headers(cloudevents ? "application/cloudevents-batch+json" : "application/json",
+                       webhook::batch_message_id(ids), t.request),
+        t.request);
+  }
+
+  // Sets up t for event e alone (events_per_request 1). Returns why the event can never be sent,
+  // if so.
+  std::optional<std::string> prepare(Transfer& t, const Event& e) {
+    SlistPtr list = common_headers("application/json", std::to_string(e.id), e.payload);
     if (config.envelope.format == EnvelopeFormat::kCloudEvents) {
       // HTTP protocol binding, binary content mode: ce-<attribute> headers, the payload as body.
       for (const auto& [attribute, value] : cloudevents_attributes(e, config.envelope)) {
@@ -253,16 +311,7 @@ struct Client {
     } else if (auto error = append_row_headers(list, e)) {
       return error;
     }
-    CURL* easy = t.easy.get();
-    t.body.clear();
-    t.retry_after.clear();
-    t.error[0] = '\0';
-    t.index = index;
-    // Per-request options cannot fail once the same options were accepted at construction.
-    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, list.get());
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(e.payload.size()));
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, e.payload.data());  // borrowed: the event outlives publish()
-    t.headers = std::move(list);
+    arm(t, std::move(list), e.payload);  // borrowed: the event outlives publish()
     return std::nullopt;
   }
 };
@@ -370,21 +419,42 @@ void log_webhook_batch(const std::string& name, const std::vector<Outcome>& outc
 
 }  // namespace
 
+// The events the next request of s carries, into t.indices: one sent alone after a refused
+// request of several, else up to events_per_request that KeyedDispatch hands out (one per key:
+// a key never has two events in flight). Empty when none may go now.
+void take_events(Submission& s, Transfer& t, std::size_t events_per_request) {
+  t.indices.clear();
+  if (!s.alone.empty()) {
+    t.indices.push_back(s.alone.front());
+    s.alone.pop_front();
+    return;
+  }
+  while (t.indices.size() < events_per_request) {
+    const auto index = s.plan.next();
+    if (!index) break;
+    t.indices.push_back(*index);
+  }
+}
+
 void WebhookSink::start_requests() {
   const auto now = Steady::now();
+  const auto per_request = static_cast<std::size_t>(client_.config.events_per_request);
   for (Submission& s : submissions_) {
     if (!s.stopped.empty() || now >= s.deadline) continue;
     while (!idle_.empty()) {
-      const auto index = s.plan.next();
-      if (!index) break;
       Transfer& t = *idle_.back();
-      if (auto invalid = client_.prepare(t, *s.events[*index], *index)) {
-        s.record(*index, Outcome::permanent(std::move(*invalid)));
+      take_events(s, t, per_request);
+      if (t.indices.empty()) break;
+      if (per_request > 1) {
+        client_.prepare_batch(t, s.events);
+      } else if (auto invalid = client_.prepare(t, *s.events[t.indices[0]])) {
+        s.record(t.indices[0], Outcome::permanent(std::move(*invalid)));
         continue;
       }
       if (const CURLMcode rc = curl_multi_add_handle(client_.multi.get(), t.easy.get()); rc != CURLM_OK) {
         t.headers.reset();
-        s.record(*index, Outcome::retry(std::string("curl_multi_add_handle: ") + curl_multi_strerror(rc)));
+        const std::string why = std::string("curl_multi_add_handle: ") + curl_multi_strerror(rc);
+        for (const std::size_t index : t.indices) s.record(index, Outcome::retry(why));
         continue;
       }
       t.attached = true;
@@ -431,15 +501,23 @@ void WebhookSink::finish(CURL* easy, CURLcode result) {
   idle_.push_back(&t);  // first: whatever throws below, the slot is not lost
   --s.running;
   s.new_connections += connects;
-  if (result == CURLE_OK) {
-    usable_ = true;
-    s.record(t.index, webhook::classify_response(
-                          status, t.body, webhook::parse_retry_after(t.retry_after, std::chrono::system_clock::now())));
-  } else {
-    usable_ = false;
-    s.record(t.index,
-             webhook::transfer_error_outcome(result, t.error[0] ? t.error.data() : curl_easy_strerror(result)));
+  Outcome outcome =
+      result == CURLE_OK
+          ? webhook::classify_response(status, t.body,
+                                       webhook::parse_retry_after(t.retry_after, std::chrono::system_clock::now()))
+          : webhook::transfer_error_outcome(result, t.error[0] ? t.error.data() : curl_easy_strerror(result));
+  usable_ = result == CURLE_OK;
+  if (outcome.kind == OutcomeKind::kPermanent && t.indices.size() > 1) {
+    // The receiver refused a request of several: which event it objects to is unknown, so each
+    // goes again alone (in id order), and only the one it refuses then is dead-lettered.
+    s.refused = outcome.reason;
+    std::vector<std::size_t> again = t.indices;
+    std::sort(again.begin(), again.end());
+    s.alone.insert(s.alone.end(), again.begin(), again.end());
+    return;
   }
+  for (std::size_t i = 0; i + 1 < t.indices.size(); ++i) s.record(t.indices[i], outcome);
+  s.record(t.indices.back(), std::move(outcome));
 }
 
 void WebhookSink::fail_attached(const std::string& why) {
@@ -452,7 +530,7 @@ void WebhookSink::fail_attached(const std::string& why) {
     t->headers.reset();
     idle_.push_back(t.get());
     --s.running;
-    s.record(t->index, Outcome::retry(why));
+    for (const std::size_t index : t->indices) s.record(index, Outcome::retry(why));
   }
   for (Submission& s : submissions_) s.stopped = why;
 }
@@ -498,8 +576,7 @@ std::vector<Outcome> WebhookSink::collect() {
     start_requests();
     // Slots go to the oldest submission first, so it waits for one only while a later one holds
     // them all: then it waits for those to finish.
-    const bool may_start = s.plan.ready() && s.stopped.empty() && Steady::now() < s.deadline;
-    if (s.running == 0 && !may_start) break;
+    if (s.running == 0 && !s.ready(Steady::now())) break;
     step(true);
   }
   auto outcomes = s.outcomes();

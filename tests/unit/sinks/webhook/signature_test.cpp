@@ -99,3 +99,15 @@ TEST_CASE("one signature per key, space-separated, in key order") {
   CHECK(sign_v1(a, "42", 1700000000, R"({"amount": 11})") != base);
   CHECK(sign_v1(b, "42", 1700000000, body) != base);
 }
+
+TEST_CASE("a request of several events is named by a digest of their ids") {
+  const std::vector<std::int64_t> ids{1, 2, 3};
+  // printf '1,2,3' | sha256sum
+  CHECK(batch_message_id(ids) == "batch_8a6ae15122001229edb8866f56e342af");
+  CHECK(batch_message_id(ids) == batch_message_id(std::vector<std::int64_t>{1, 2, 3}));  // a retry: the same id
+  // Any other set or order of ids: another id (a receiver that skips ids it has seen loses nothing).
+  CHECK(batch_message_id(std::vector<std::int64_t>{1, 2, 4}) != batch_message_id(ids));
+  CHECK(batch_message_id(std::vector<std::int64_t>{12, 3}) != batch_message_id(std::vector<std::int64_t>{1, 23}));
+  CHECK(batch_message_id(std::vector<std::int64_t>{3, 2, 1}) != batch_message_id(ids));
+  CHECK(batch_message_id(std::vector<std::int64_t>{42}).size() == 6 + 32);
+}

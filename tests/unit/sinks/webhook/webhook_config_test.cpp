@@ -44,12 +44,13 @@ const char* kSecretB = "whsec_c2Vjb25kLXNlY3JldC1mb3Itcm90YXRpb24=";
 
 }  // namespace
 
-TEST_CASE("defaults: 10s timeout, 16 in flight, TLS verified with the system CAs") {
+TEST_CASE("defaults: 10s timeout, 16 in flight, one event a request, TLS verified with the system CAs") {
   const auto c = parse("    url: https://hooks.example.com/outbox\n");
   CHECK(c.url == "https://hooks.example.com/outbox");
   CHECK(c.url_for_logs == "https://hooks.example.com/outbox");
   CHECK(c.timeout == milliseconds(10'000));
   CHECK(c.max_in_flight == 16);
+  CHECK(c.events_per_request == 1);
   CHECK(c.tls.ca_file.empty());
   CHECK_FALSE(c.tls.insecure_skip_verify);
   CHECK(c.secrets.empty());
@@ -67,6 +68,7 @@ TEST_CASE("every key parses, with ${ENV} interpolation") {
           "]\n"
           "    timeout: 2500ms\n"
           "    max_in_flight: 64\n"
+          "    events_per_request: 50\n"
           "    tls: {ca_file: " +
           ca.path.string() + ", insecure_skip_verify: true}\n",
       {{"PORT", "8080"}, {"TOKEN", "tok-123456"}, {"SECRET_A", kSecretA}});
@@ -80,6 +82,7 @@ TEST_CASE("every key parses, with ${ENV} interpolation") {
   CHECK(c.signing_keys[1] == "second-secret-for-rotation");
   CHECK(c.timeout == milliseconds(2500));
   CHECK(c.max_in_flight == 64);
+  CHECK(c.events_per_request == 50);
   CHECK(c.tls.ca_file == ca.path.string());
   CHECK(c.tls.insecure_skip_verify);
 }
@@ -142,6 +145,10 @@ TEST_CASE("bad config names the key") {
       {"    url: https://x/\n    max_in_flight: 257\n",
        "sinks[0].max_in_flight: expected a whole number from 1 to 256"},
       {"    url: https://x/\n    max_in_flight: many\n", "sinks[0].max_in_flight: expected a whole number"},
+      {"    url: https://x/\n    events_per_request: 0\n",
+       "sinks[0].events_per_request: expected a whole number from 1 to 1000, got '0'"},
+      {"    url: https://x/\n    events_per_request: 1001\n",
+       "sinks[0].events_per_request: expected a whole number from 1 to 1000"},
       {"    url: https://x/\n    timeout: 10\n", "sinks[0].timeout: expected a duration"},
       {"    url: https://x/\n    timeout: 50ms\n", "sinks[0].timeout: expected a duration from 100ms to 10m, got 50ms"},
       {"    url: https://x/\n    tls: {ca_file: /nonexistent/ca.pem}\n",
