@@ -39,7 +39,8 @@ from writers import BEHAVIOURS, SETUP_SQL, TOPICS, LateTopics, Shared, Writer  #
 
 CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2, "relay_reload": 2, "kafka_restart": 2}
 SINK_CHAOS = {"kafka_restart": ("kafka", "kafka-eos")}  # chaos that needs one of those sink modes
-SINK_MODES = {"webhook": 5, "mixed": 4, "file": 1}      # name -> weight when picked from the seed
+SINK_MODES = {"webhook": 5, "mixed": 4, "file": 1}
+EVENTS_PER_REQUEST = (1, 1, 4, 50)                        # a webhook relay's events_per_request, drawn      # name -> weight when picked from the seed
 OTHER_SINK_MODES = ["kafka", "kafka-eos"]
 # The share of seeds that pick a kafka mode when --sinks is not given: a draw of its own
 # (random.Random of "<seed>:kafka"), so a seed that does not pick it picks the same mode as before
@@ -349,6 +350,7 @@ class Fuzz:
         self._cleaned = False
         self._lanes = {}
         self.receiver = None
+        self.per_request = []
         self.dead = {}            # uid -> last_error of the rows dead-lettered so far
         self.broker = None        # --sinks kafka: KafkaBroker, KafkaReader, the late topics
         self.reader = None
@@ -394,12 +396,17 @@ class Fuzz:
                  "mixed": [i % 2 == 0 for i in range(self.nrelays)]}[self.sink_mode]
         if any(hooks):
             self.receiver = Receiver(self.tailer, self.seed).start()
+        # Several events a request for some webhook relays; a draw of its own, so that the other
+        # draws of a seed stay what they were.
+        per_request_draw = random.Random(f"{self.seed}:events_per_request")
+        self.per_request = [per_request_draw.choice(EVENTS_PER_REQUEST) if hook else None for hook in hooks]
         kafka = None
         if self.sink_mode in ("kafka", "kafka-eos"):
             kafka = self.setup_kafka(eos=self.sink_mode == "kafka-eos")
         for i in range(self.nrelays):
             self.slots.append(RelaySlot(i, a.relay_bin, self.main_url, self.workdir, self.tailer,
-                                        self.receiver if hooks[i] else None, kafka).start())
+                                        self.receiver if hooks[i] else None, kafka,
+                                        self.per_request[i] or 1).start())
         # Each relay has rebalanced; with kafka-eos each listens (a standby gains no lane) and one
         # has taken the lanes over.
         ready = "listening" if self.sink_mode == "kafka-eos" else "ordering lanes rebalanced"
@@ -820,8 +827,10 @@ class Fuzz:
         a, res, L = self.args, self.res, self.ledger
         st = res.stats
         print("fuzz: ---- figures ----")
+        per_request = ", ".join(f"relay{i} {n}" for i, n in enumerate(self.per_request) if n)
         print(f"fuzz: seed {self.seed}; relays {self.nrelays} (sinks {self.sink_mode}); writers {a.writers}; "
-              f"ran {self.writers_end - self.t_start:.1f} s")
+              f"ran {self.writers_end - self.t_start:.1f} s"
+              + (f"; webhook events a request: {per_request}" if per_request else ""))
         print(f"fuzz: transactions {st['transactions']} in the relays' database (committed "
               f"{st['transactions_committed']}, rolled back {st['transactions_rolled_back']}, unknown then resolved "
               f"{st['transactions_unknown']}), {st['transactions_other_db']} in the other database")

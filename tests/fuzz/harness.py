@@ -91,7 +91,7 @@ class RelaySlot:
     of this fuzzer; only those are signalled."""
 
     def __init__(self, index: int, relay_bin: str, db_url: str, workdir: Path, tailer: "Tailer",
-                 receiver: "Receiver | None" = None, kafka: "dict | None" = None):
+                 receiver: "Receiver | None" = None, kafka: "dict | None" = None, events_per_request: int = 1):
         self.index = index
         self.relay_bin = relay_bin
         self.workdir = workdir
@@ -112,10 +112,12 @@ class RelaySlot:
         }
         self.sink = "file"
         if receiver is not None:
-            # CloudEvents binary mode: the key and topic come as ce-subject and ce-type.
+            # CloudEvents binary mode: the key and topic come as ce-subject and ce-type; with several
+            # events a request, a JSON array of structured CloudEvents.
             self.sink = "webhook"
             config["sinks"] = [{"name": "hook", "type": "webhook", "url": receiver.url(f"relay{index}"),
-                                "format": "cloudevents", "timeout": "5s", "max_in_flight": 4}]
+                                "format": "cloudevents", "timeout": "5s", "max_in_flight": 4,
+                                "events_per_request": events_per_request}]
         if kafka is not None:
             self.sink = "kafka"
             config["sinks"] = [kafka]
@@ -400,7 +402,9 @@ class Receiver:
     to some attempts (the relay must retry them, and hold their key's later events meanwhile) and
     200 to the rest; each 200 becomes a SinkLine of `relay<i>.hook` in the tailer, with lo when the
     request arrived and hi when it was recorded. The webhook sink sends one key's events one after
-    another, so within one relay a key's lines are in delivery order.
+    another, so within one relay a key's lines are in delivery order. A request of several events
+    (events_per_request) fails whole when any of its events' attempts fails (a key is at most once
+    in a request), and its lines are recorded in body order.
 
     Which attempts fail: the attempt number of a uid (counted over every relay) and a hash of the
     seed and the uid decide it: `fail_rate` of first attempts, `often_rate` for keys longer than
@@ -479,36 +483,52 @@ class Receiver:
             name = h.path.strip("/") + ".hook"
             body = h.rfile.read(int(h.headers.get("content-length", "0")))
             try:
-                payload = json.loads(body)
-                ce = {k.lower()[3:]: urllib.parse.unquote(v, errors="strict") for k, v in h.headers.items()
-                      if k.lower().startswith("ce-")}
-                rec = {"id": int(h.headers["webhook-id"]), "key": ce.get("subject", ""), "topic": ce.get("type"),
-                       "headers": {k: v for k, v in ce.items() if k not in CE_ATTRIBUTES}, "payload": payload}
-            except (ValueError, KeyError, UnicodeDecodeError) as e:
+                recs = self._records(h.headers, body)
+            except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
                 with self.lock:
                     self.bad.append((name, f"{e!r}: {body[:200]!r}"))
                 self._answer(h, 400, b"unreadable")
                 return
-            uid = payload.get("uid") if isinstance(payload, dict) else None
+            fail = False
             with self.lock:
-                attempt = self.attempts.get(uid, 0) + 1
-                self.attempts[uid] = attempt
-                fail = uid is not None and self._fails(uid, attempt, rec["key"])
-                if fail:
-                    self.failures.setdefault(uid, []).append(mono())
-            with self.lock:
-                self.attempts_log.setdefault(uid, []).append((arrived, mono(), name, 503 if fail else 200))
+                uids = [rec["payload"].get("uid") if isinstance(rec["payload"], dict) else None for rec in recs]
+                for uid, rec in zip(uids, recs):
+                    attempt = self.attempts.get(uid, 0) + 1
+                    self.attempts[uid] = attempt
+                    fail = (uid is not None and self._fails(uid, attempt, rec["key"])) or fail
+                for uid in uids:
+                    if fail:
+                        self.failures.setdefault(uid, []).append(mono())
+                    self.attempts_log.setdefault(uid, []).append((arrived, mono(), name, 503 if fail else 200))
             if fail:
                 self._answer(h, 503, b"fuzz: this attempt fails")
                 return
             with self.tailer.lock:
-                index = self.counts.get(name, 0)
-                self.counts[name] = index + 1
-                self.tailer.lines.append(SinkLine(rec, name, index, arrived, mono()))
+                for rec in recs:
+                    index = self.counts.get(name, 0)
+                    self.counts[name] = index + 1
+                    self.tailer.lines.append(SinkLine(rec, name, index, arrived, mono()))
             self._answer(h, 200, b"")
         finally:
             with self.lock:
                 self.in_flight.pop(serial, None)
+
+    @staticmethod
+    def _records(headers, body) -> list:
+        """The events of a request: one in binary mode (ce-* headers, the payload as the body), or
+        a JSON array of structured CloudEvents."""
+        if headers.get("content-type", "").startswith("application/cloudevents-batch+json"):
+            out = []
+            for ce in json.loads(body):
+                out.append({"id": int(ce["id"]), "key": ce.get("subject", ""), "topic": ce.get("type"),
+                            "headers": {k: v for k, v in ce.items()
+                                        if k not in CE_ATTRIBUTES and k not in ("data", "datacontenttype")},
+                            "payload": ce["data"]})
+            return out
+        ce = {k.lower()[3:]: urllib.parse.unquote(v, errors="strict") for k, v in headers.items()
+              if k.lower().startswith("ce-")}
+        return [{"id": int(headers["webhook-id"]), "key": ce.get("subject", ""), "topic": ce.get("type"),
+                 "headers": {k: v for k, v in ce.items() if k not in CE_ATTRIBUTES}, "payload": json.loads(body)}]
 
     @staticmethod
     def _answer(h, status, body):
