@@ -656,23 +656,33 @@ class Webhook:
         self.control("/reset", "POST")
         # No signing secret: the tool cannot sign, and a signature is not a delivery guarantee.
         return {"name": "hooks", "type": "webhook", "url": self.url, "max_in_flight": self.a.webhook_in_flight,
-                "timeout": "10s"}
+                "events_per_request": self.a.webhook_events_per_request, "timeout": "10s"}
 
     def count(self, tag):
-        return self.control("/stats")["requests"]
+        return self.control("/stats")["events"]
 
     def drop(self, tag):
         self.control("/reset", "POST")
 
     def tool(self, tag, payloads, extra_props=""):
-        """hey: --events POSTs of one seeded payload (application/json, with the sink's
-        webhook-id and webhook-timestamp headers) to the same receiver, the sink's max_in_flight
-        workers on kept-alive connections; each request answered 204.
-        (hey gives each worker n / c requests: --events rounded down to a multiple of c.)"""
+        """hey: POSTs of one seeded payload (application/json, with the sink's webhook-id and
+        webhook-timestamp headers) to the same receiver, the sink's max_in_flight workers on
+        kept-alive connections; each request answered 204. With --webhook-events-per-request N > 1,
+        each body is the JSON array the sink sends: N records of that payload (the file sink's
+        record, as `format: json` sends them), and the rate counts N events a request.
+        (hey gives each worker n / c requests: the requests rounded down to a multiple of c.)"""
         self.control("/reset", "POST")
-        n_sent = self.a.events // self.a.webhook_in_flight * self.a.webhook_in_flight
+        per_request = self.a.webhook_events_per_request
+        n_sent = self.a.events // per_request // self.a.webhook_in_flight * self.a.webhook_in_flight
+        body = payloads["one"]
+        if per_request > 1:
+            env = payloads["envelope"]
+            record = (f'{{"id":{env["id"]},"topic":{json.dumps(env["topic"])},"key":{json.dumps(env["key"])},'
+                      f'"payload":{payloads["one_text"]},"headers":{{}},"created_at":"{env["created_at"]}"}}\n')
+            body = self.work / f"payload-batch-{per_request}.json"
+            body.write_text("[" + ",".join([record] * per_request) + "]")
         cmd = [self.a.hey, "-n", str(n_sent), "-c", str(self.a.webhook_in_flight), "-m", "POST",
-               "-T", "application/json", "-D", str(payloads["one"]),
+               "-T", "application/json", "-D", str(body),
                "-H", f"webhook-id: {payloads['envelope']['id']}", "-H", f"webhook-timestamp: {int(time.time())}",
                self.url]
         out = run_out(cmd)
@@ -680,9 +690,9 @@ class Webhook:
         codes = re.search(r"Status code distribution:\s*\n\s*\[(\d+)\]\s+(\d+) responses", out)
         n = self.count(tag)
         self.drop(tag)
-        return {"rate": float(m.group(1)) if m else None, "summary": m.group(0) if m else out[-300:],
+        return {"rate": float(m.group(1)) * per_request if m else None, "summary": m.group(0) if m else out[-300:],
                 "status": codes.groups() if codes else None, "requests": n_sent, "in_broker": n,
-                "valid": bool(m) and n == n_sent, "command": " ".join(cmd)}
+                "valid": bool(m) and n == n_sent * per_request, "command": " ".join(cmd)}
 
     def consume(self, tag):
         c = Consumer()
@@ -1172,6 +1182,9 @@ def main():
     p.add_argument("--nats-in-flight", type=int, default=1024, help="the nats sink's max_in_flight (its default)")
     p.add_argument("--rabbitmq-in-flight", type=int, default=1000, help="the rabbitmq sink's max_in_flight (default)")
     p.add_argument("--webhook-in-flight", type=int, default=16, help="the webhook sink's max_in_flight (default)")
+    p.add_argument("--webhook-events-per-request", type=int, default=1,
+                   help="the webhook sink's events_per_request (default 1); above 1, hey sends the same JSON "
+                        "arrays and its rate counts their events")
     p.add_argument("--nats-cli", required=True)
     p.add_argument("--hey", required=True)
     p.add_argument("--hey-version", default="")
