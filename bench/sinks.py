@@ -655,8 +655,11 @@ class Webhook:
     def sink(self, tag, steady=False):
         self.control("/reset", "POST")
         # No signing secret: the tool cannot sign, and a signature is not a delivery guarantee.
-        return {"name": "hooks", "type": "webhook", "url": self.url, "max_in_flight": self.a.webhook_in_flight,
-                "events_per_request": self.a.webhook_events_per_request, "timeout": "10s"}
+        sink = {"name": "hooks", "type": "webhook", "url": self.url, "max_in_flight": self.a.webhook_in_flight,
+                "timeout": "10s"}
+        if self.a.webhook_events_per_request > 1:  # an older relay (--relay-bin-old) knows no such key
+            sink["events_per_request"] = self.a.webhook_events_per_request
+        return sink
 
     def count(self, tag):
         return self.control("/stats")["events"]

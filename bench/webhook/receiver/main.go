@@ -19,7 +19,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log"
 	"net"
 	"net/http"
@@ -33,10 +32,15 @@ func main() {
 	var recording atomic.Bool
 	var mu sync.Mutex
 	arrivals := map[string]int64{}
+	buffers := sync.Pool{New: func() any { return new(bytes.Buffer) }} // no allocation per request
 
 	hooks := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			body, _ := io.ReadAll(r.Body) // the whole body, so the connection stays reusable
+			buf := buffers.Get().(*bytes.Buffer)
+			defer buffers.Put(buf)
+			buf.Reset()
+			_, _ = buf.ReadFrom(r.Body) // the whole body, so the connection stays reusable
+			body := buf.Bytes()
 			now := time.Now().UnixNano()
 			ids := []string{r.Header.Get("webhook-id")}
 			if trimmed := bytes.TrimSpace(body); len(trimmed) > 0 && trimmed[0] == '[' {
