@@ -465,6 +465,11 @@ std::size_t RelayLoop::strip_reserved_headers(const Sink& sink, Batch& batch, st
     }
     Event& copy = batch.stripped.emplace_back(*event);
     std::erase_if(copy.headers, reserved);
+    // The headers' JSON text too, which a sink may send whole (a webhook request of several
+    // events carries each event's record in its body).
+    nlohmann::json kept = nlohmann::json::object();
+    for (const Header& h : copy.headers) kept[h.first] = h.second;
+    copy.headers_json = kept.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     event = &copy;
     dropped += n;
   }

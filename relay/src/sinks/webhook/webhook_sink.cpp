@@ -207,6 +207,7 @@ struct Client {
 
   std::unique_ptr<Transfer> make_transfer() {
     auto t = std::make_unique<Transfer>();
+    t->indices.reserve(static_cast<std::size_t>(config.events_per_request));  // take_events() never allocates
     t->easy.reset(curl_easy_init());
     if (!t->easy) throw std::runtime_error("curl_easy_init failed");
     CURL* e = t->easy.get();
@@ -354,6 +355,8 @@ class WebhookSink final : public NamedSink {
   void fail_attached(const std::string& why);
   // Detaches whatever requests of `s` are still attached (after an exception); cannot throw.
   void drop(const Submission& s) noexcept;
+  // Detaches an attached request and hands its slot back to idle_; cannot throw.
+  void release(Transfer& t) noexcept;
 
   Client client_;
   std::vector<Transfer*> idle_;         // slots not attached; capacity max_in_flight
@@ -419,9 +422,10 @@ void log_webhook_batch(const std::string& name, const std::vector<Outcome>& outc
 
 }  // namespace
 
-// The events the next request of s carries, into t.indices: one sent alone after a refused
-// request of several, else up to events_per_request that KeyedDispatch hands out (one per key:
-// a key never has two events in flight). Empty when none may go now.
+// The events the next request of s carries, into t.indices, in id order: one sent alone after a
+// refused request of several, else up to events_per_request that KeyedDispatch hands out (one per
+// key: a key never has two events in flight). Empty when none may go now. Does not allocate
+// (t.indices has room for events_per_request), so nothing handed out can be lost to a throw here.
 void take_events(Submission& s, Transfer& t, std::size_t events_per_request) {
   t.indices.clear();
   if (!s.alone.empty()) {
@@ -434,7 +438,14 @@ void take_events(Submission& s, Transfer& t, std::size_t events_per_request) {
     if (!index) break;
     t.indices.push_back(*index);
   }
+  // The loop passes events in id order: the body, and so the webhook-id, name the same events
+  // the same way whichever keys' requests ended first.
+  std::sort(t.indices.begin(), t.indices.end());
 }
+
+// A request whose body holds more than this gives its buffer back when it ends, so a slot does not
+// keep its largest body for the sink's life.
+constexpr std::size_t kKeptRequestBytes = 1 << 20;
 
 void WebhookSink::start_requests() {
   const auto now = Steady::now();
@@ -445,10 +456,19 @@ void WebhookSink::start_requests() {
       Transfer& t = *idle_.back();
       take_events(s, t, per_request);
       if (t.indices.empty()) break;
-      if (per_request > 1) {
-        client_.prepare_batch(t, s.events);
-      } else if (auto invalid = client_.prepare(t, *s.events[t.indices[0]])) {
-        s.record(t.indices[0], Outcome::permanent(std::move(*invalid)));
+      try {
+        if (per_request > 1) {
+          client_.prepare_batch(t, s.events);
+        } else if (auto invalid = client_.prepare(t, *s.events[t.indices[0]])) {
+          s.record(t.indices[0], Outcome::permanent(std::move(*invalid)));
+          continue;
+        }
+      } catch (const std::exception& e) {
+        // Out of memory building the request: its events retry (and hold their keys), handed out
+        // and so given their outcome here, not lost between the plan and a request.
+        t.headers.reset();
+        const std::string why = std::string("the request could not be built: ") + e.what();
+        for (const std::size_t index : t.indices) s.record(index, Outcome::retry(why));
         continue;
       }
       if (const CURLMcode rc = curl_multi_add_handle(client_.multi.get(), t.easy.get()); rc != CURLM_OK) {
@@ -493,12 +513,8 @@ void WebhookSink::finish(CURL* easy, CURLcode result) {
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
   long connects = 0;
   curl_easy_getinfo(easy, CURLINFO_NUM_CONNECTS, &connects);
-  curl_multi_remove_handle(client_.multi.get(), easy);
   Submission& s = *t.owner;
-  t.attached = false;
-  t.owner = nullptr;
-  t.headers.reset();
-  idle_.push_back(&t);  // first: whatever throws below, the slot is not lost
+  release(t);  // first: whatever throws below, the slot is not lost
   --s.running;
   s.new_connections += connects;
   Outcome outcome =
@@ -510,10 +526,10 @@ void WebhookSink::finish(CURL* easy, CURLcode result) {
   if (outcome.kind == OutcomeKind::kPermanent && t.indices.size() > 1) {
     // The receiver refused a request of several: which event it objects to is unknown, so each
     // goes again alone (in id order), and only the one it refuses then is dead-lettered.
+    log::warn("webhook request of several events refused; each of them goes again alone",
+              {{"sink", name()}, {"events", t.indices.size()}, {"error", outcome.reason}});
     s.refused = outcome.reason;
-    std::vector<std::size_t> again = t.indices;
-    std::sort(again.begin(), again.end());
-    s.alone.insert(s.alone.end(), again.begin(), again.end());
+    s.alone.insert(s.alone.end(), t.indices.begin(), t.indices.end());
     return;
   }
   for (std::size_t i = 0; i + 1 < t.indices.size(); ++i) s.record(t.indices[i], outcome);
@@ -524,11 +540,7 @@ void WebhookSink::fail_attached(const std::string& why) {
   for (auto& t : client_.transfers) {
     if (!t->attached) continue;
     Submission& s = *t->owner;
-    curl_multi_remove_handle(client_.multi.get(), t->easy.get());
-    t->attached = false;
-    t->owner = nullptr;
-    t->headers.reset();
-    idle_.push_back(t.get());
+    release(*t);
     --s.running;
     for (const std::size_t index : t->indices) s.record(index, Outcome::retry(why));
   }
@@ -538,12 +550,17 @@ void WebhookSink::fail_attached(const std::string& why) {
 void WebhookSink::drop(const Submission& s) noexcept {
   for (auto& t : client_.transfers) {
     if (!t->attached || t->owner != &s) continue;
-    curl_multi_remove_handle(client_.multi.get(), t->easy.get());
-    t->attached = false;
-    t->owner = nullptr;
-    t->headers.reset();
-    idle_.push_back(t.get());  // within the capacity reserved: does not allocate
+    release(*t);
   }
+}
+
+void WebhookSink::release(Transfer& t) noexcept {
+  curl_multi_remove_handle(client_.multi.get(), t.easy.get());
+  t.attached = false;
+  t.owner = nullptr;
+  t.headers.reset();
+  if (t.request.capacity() > kKeptRequestBytes) std::string().swap(t.request);
+  idle_.push_back(&t);  // within the capacity reserved: does not allocate
 }
 
 void WebhookSink::submit(std::span<const Event* const> events) {
