@@ -24,7 +24,8 @@ Rules:
   whose epoch was truncated before it was due is not demanded;
 - a row is dead-lettered only when an attempt at it failed and its key is a poison key (an
   operator's constraint refuses its retry: the failed attempt cannot be recorded); such a row is not
-  demanded, and its key's later events follow it as if it had been delivered. A key of any length
+  demanded, but its first attempt is due by its deadline as a delivery would be, and its key's
+  later events follow it as if it had been retried. A key of any length
   is retried (schema 13).
 """
 from __future__ import annotations
@@ -211,6 +212,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         return cap
     first_hi = {uid: min(x.hi for x in lst) for uid, lst in occ.items()}
     rel, reason = {}, {}
+    poison_rel = {}       # dead-lettered poison rows: their failed attempt and the retry's backoff
     held_later = set()    # events a writer that began after their commit holds (the reading rule)
     for r in crow:
         c = r.txn.end
@@ -251,7 +253,11 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
                     why = (f"txn {t.tid} ({t.behaviour}) began {t.start - c:.3f} s after its commit, before a "
                            f"reading of relay{slot if slot is not None else '?'} reached its id")
         f = failures.get(r.uid)
-        if f and f[-1] + retry_allowance(len(f)) > x:
+        if f and r.uid in dead_ok:
+            # Dead-lettered at its failed attempt: its own deadline is for that attempt; its key's
+            # later events wait for it as for a retry (head_of_line()).
+            poison_rel[r.uid] = f[-1] + retry_allowance(len(f))
+        elif f and f[-1] + retry_allowance(len(f)) > x:
             x = f[-1] + retry_allowance(len(f))
             why = f"its failed attempt {len(f)} at {ledger.rel(f[-1])} and the retry's backoff"
         h = holds.get(r.uid)
@@ -330,6 +336,8 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
                     reason[r.uid] = f"head of line: {src}"
                 elif rel[r.uid] > m:
                     m, src = rel[r.uid], f"uid {r.uid} (id {r.id}): {reason[r.uid]}"
+                if poison_rel.get(r.uid, -INF) > m:
+                    m, src = poison_rel[r.uid], f"uid {r.uid} (id {r.id}): dead-lettered at its failed attempt"
 
     for _ in range(2):
         apply_windows()
@@ -356,11 +364,22 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
     margin = 0.05
     for r in crow:
         d = deadline[r.uid]
-        if d == INF or r.uid in dead_ok:
+        if d == INF:
             continue
         cut = trunc_start.get(r.epoch)
         if cut is not None and d >= cut:
             continue     # its epoch was truncated before it was due: not demanded
+        if r.uid in dead_ok:
+            # Not delivered, by design; but its (first) attempt is due as a delivery would be.
+            f = failures.get(r.uid)
+            if f and f[0] > d + margin:
+                late_n += 1
+                V.append(Violation("late", f"uid {r.uid} (key {_short(r.key)!r}, id {r.id}, {r.behaviour}), "
+                                   f"dead-lettered, first attempted {f[0] - r.txn.end:.2f} s after its commit, "
+                                   f"{f[0] - d:.2f} s past its deadline (release: {reason[r.uid]})",
+                                   uids=[r.uid], keys=[r.key], times=[r.txn.start, r.txn.end, d - budget, f[0]],
+                                   suspects=suspects(d, f[0]), sig=("late", r.uid)))
+            continue
         if r.uid in occ:
             lo = first_lo[r.uid]
             if lo > d:

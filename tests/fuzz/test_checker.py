@@ -141,6 +141,21 @@ def test_a_poison_key_that_failed_may_be_dead_lettered_and_its_key_goes_on():
     assert res.stats["dead_lettered_poison_key"] == 1
 
 
+def test_a_dead_lettered_poison_row_is_attempted_by_its_deadline_and_its_key_waits_for_that_attempt():
+    L = Ledger()
+    key = POISON_PREFIX + "1"
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", key, 1)
+    b = row(L, txn(L, "x", 1.1, 1.2), "b", key, 2)
+    dead = {"a": "its outcome (retry) could not be written"}
+    # a first attempted at 2.9 (its deadline 3.0): on time; b waits for a's attempt and then has
+    # the retry's allowance and the budget (2.9 + 0.1 + 2.0).
+    res = check(L, [line(b, "f0", 0, 4.9, 4.91)], now=10.0, failures={"a": [2.9]}, dead=dead)
+    assert kinds(res) == []
+    # a first attempted at 3.5, 0.5 s past its deadline: late, though it is not delivered.
+    res = check(L, [line(b, "f0", 0, 3.6, 3.61)], now=10.0, failures={"a": [3.5]}, dead=dead)
+    assert kinds(res) == ["late"] and "dead-lettered, first attempted 2.50 s after its commit" in res.violations[0].text
+
+
 def test_a_dead_letter_without_a_failure_or_of_another_key_is_a_violation():
     L = Ledger()
     a = row(L, txn(L, "x", 0.0, 1.0), "a", POISON_PREFIX + "1", 1)
