@@ -70,6 +70,13 @@ bool header_has_prefix(std::string_view name, std::string_view prefix) {
 
 bool is_outbox_header(std::string_view name) { return header_has_prefix(name, "outbox-"); }
 
+std::string headers_to_json(const std::vector<Header>& headers) {
+  if (headers.empty()) return "{}";
+  nlohmann::json object = nlohmann::json::object();
+  for (const auto& [name, value] : headers) object[name] = value;
+  return object.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::optional<std::string> parse_headers(const std::string& json, std::vector<Header>& out) {
   out.clear();
   if (json.empty() || json == "{}") return std::nullopt;
@@ -467,9 +474,7 @@ std::size_t RelayLoop::strip_reserved_headers(const Sink& sink, Batch& batch, st
     std::erase_if(copy.headers, reserved);
     // The headers' JSON text too, which a sink may send whole (a webhook request of several
     // events carries each event's record in its body).
-    nlohmann::json kept = nlohmann::json::object();
-    for (const Header& h : copy.headers) kept[h.first] = h.second;
-    copy.headers_json = kept.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    copy.headers_json = headers_to_json(copy.headers);
     event = &copy;
     dropped += n;
   }

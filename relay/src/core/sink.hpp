@@ -45,6 +45,8 @@ bool header_has_prefix(std::string_view name, std::string_view prefix);
 // The names every sink reserves: outbox-* (the relay's own headers: outbox-id, which consumers
 // de-duplicate on, outbox-topic, outbox-key, outbox-created-at).
 bool is_outbox_header(std::string_view name);
+// Headers as a JSON object of strings, compact ("{}" when there are none).
+std::string headers_to_json(const std::vector<Header>& headers);
 
 // A destination for events. publish() blocks until every event has an outcome; it never throws
 // for downstream failures (those are outcomes). Events arrive in id order. Per-key order is the

@@ -3,7 +3,6 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <unordered_map>
 
@@ -34,13 +33,6 @@ Outcome error_outcome(const std::string& error, const std::string& stream) {
     case RedisErrorClass::kRetry: return Outcome::retry(std::move(reason));
   }
   return Outcome::retry(std::move(reason));
-}
-
-std::string headers_json(const Event& event) {
-  if (event.headers.empty()) return "{}";
-  nlohmann::json headers = nlohmann::json::object();
-  for (const auto& [name, value] : event.headers) headers[name] = value;
-  return headers.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 // The sink redis_sink.hpp describes (file-local; make_redis_sink() starts its helper thread).
@@ -166,7 +158,7 @@ struct RedisSink final : public NamedSink {
       const Event& e = *t.events[i];
       t.streams.push_back(render_stream(config.stream, e.topic));
       const std::string id = std::to_string(e.id);
-      const std::string headers = headers_json(e);
+      const std::string headers = headers_to_json(e.headers);
       std::vector<std::string_view> args{"XADD", t.streams.back()};
       if (!maxlen.empty()) args.insert(args.end(), {"MAXLEN", "~", maxlen});
       args.insert(args.end(), {"*", "id", id, "topic", e.topic, "key", e.key, "payload", e.payload, "headers", headers,
