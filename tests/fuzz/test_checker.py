@@ -31,6 +31,12 @@ def line(r, file, index, lo, hi, event_id=None):
     return SinkLine(rec, file, index, lo, hi)
 
 
+def poison_pair(L, suffix, b_commit=(1.1, 1.2)):
+    """Two rows of one poison key: a committed at 1.0, then b."""
+    key = POISON_PREFIX + suffix
+    return row(L, txn(L, "x", 0.0, 1.0), "a", key, 1), row(L, txn(L, "x", *b_commit), "b", key, 2)
+
+
 def kinds(res):
     return sorted(v.kind for v in res.violations)
 
@@ -132,9 +138,7 @@ def test_a_failed_attempt_moves_its_deadline_and_its_keys_later_events():
 
 def test_a_poison_key_that_failed_may_be_dead_lettered_and_its_key_goes_on():
     L = Ledger()
-    key = POISON_PREFIX + "1"
-    a = row(L, txn(L, "x", 0.0, 1.0), "a", key, 1)
-    b = row(L, txn(L, "x", 1.1, 1.2), "b", key, 2)
+    _, b = poison_pair(L, "1")
     res = check(L, [line(b, "f0", 0, 1.3, 1.31)], now=10.0, failures={"a": [1.05]},
                 dead={"a": "its outcome (retry) could not be written: ... fuzz_no_retry_of_poison (SQLSTATE 23514)"})
     assert kinds(res) == []
@@ -143,9 +147,7 @@ def test_a_poison_key_that_failed_may_be_dead_lettered_and_its_key_goes_on():
 
 def test_a_dead_lettered_poison_row_is_attempted_by_its_deadline_and_its_key_waits_for_that_attempt():
     L = Ledger()
-    key = POISON_PREFIX + "1"
-    a = row(L, txn(L, "x", 0.0, 1.0), "a", key, 1)
-    b = row(L, txn(L, "x", 1.1, 1.2), "b", key, 2)
+    _, b = poison_pair(L, "1")
     dead = {"a": "its outcome (retry) could not be written"}
     # a first attempted at 2.9 (its deadline 3.0): on time; b waits for a's attempt and then has
     # the retry's allowance and the budget (2.9 + 0.1 + 2.0).
@@ -276,9 +278,7 @@ def test_kafka_a_late_topic_holds_its_event_and_its_keys_later_events_and_no_oth
 
 def test_kafka_a_poison_key_held_by_a_late_topic_may_be_dead_lettered():
     L = Ledger()
-    key = POISON_PREFIX + "2"
-    a = row(L, txn(L, "x", 0.0, 1.0), "a", key, 1)
-    b = row(L, txn(L, "x", 1.0, 1.1), "b", key, 2)
+    _, b = poison_pair(L, "2", b_commit=(1.0, 1.1))
     why = {"a": "its outcome (retry) could not be written: ... (SQLSTATE 23514)"}
     res = check(L, [kafka_line(b, "t1", 0, 0, 1300)], now=10.0, holds={"a": (4.0, "late topic")}, dead=why)
     assert kinds(res) == []
