@@ -6,7 +6,6 @@ import email.utils
 import hashlib
 import hmac
 import json
-import os
 import random
 import threading
 import time
@@ -16,11 +15,8 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from conftest import base_config, free_port, pending, run_config, wait_until
-from webhook_receiver import Reply, make_self_signed_cert, receivers, server_tls_context, webhook_sink  # noqa: F401
-
-
-def new_secret() -> str:
-    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
+from webhook_receiver import (Reply, make_self_signed_cert, new_secret, receivers, server_tls_context,  # noqa: F401
+                              webhook_sink)
 
 
 def rows(db):

@@ -5,23 +5,17 @@ event, so only the event the receiver refuses is dead-lettered; a failed request
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
-import os
 import threading
 
 import pytest
 from standardwebhooks.webhooks import Webhook
 
 from conftest import base_config, pending, wait_until
-from webhook_receiver import Reply, receivers, webhook_sink  # noqa: F401
+from webhook_receiver import Reply, new_secret, receivers, webhook_sink  # noqa: F401
 
 PER_REQUEST = 10
-
-
-def new_secret() -> str:
-    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
 
 def events_of(req) -> list[dict]:

@@ -6,8 +6,10 @@ connections counted. HTTPS uses a self-signed certificate made with the openssl 
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import http.server
+import os
 import ssl
 import subprocess
 import threading
@@ -194,6 +196,11 @@ def receivers():
     yield start
     for r in started:
         r.stop()
+
+
+def new_secret() -> str:
+    """A fresh Standard Webhooks secret, whsec_<base64 of 32 random bytes>."""
+    return "whsec_" + base64.b64encode(os.urandom(32)).decode()
 
 
 def webhook_sink(url: str, name: str = "hooks", **settings) -> dict:

@@ -32,6 +32,16 @@ bool all_zero(const std::array<std::uint8_t, N>& id) {
 
 }  // namespace
 
+std::string to_hex(const std::uint8_t* bytes, std::size_t size) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(size * 2, '0');
+  for (std::size_t i = 0; i < size; ++i) {
+    out[2 * i] = kDigits[bytes[i] >> 4];
+    out[2 * i + 1] = kDigits[bytes[i] & 0x0f];
+  }
+  return out;
+}
+
 std::optional<TraceParent> parse_traceparent(std::string_view value) {
   // version "-" trace-id "-" parent-id "-" flags: 2 + 1 + 32 + 1 + 16 + 1 + 2 = 55
   constexpr std::size_t kLength = 55;

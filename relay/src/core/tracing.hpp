@@ -29,6 +29,9 @@ struct TraceParent {
 // characters; a later version may carry more after the flags, following a '-'. nullopt: invalid.
 std::optional<TraceParent> parse_traceparent(std::string_view value);
 
+// Lower-case hex of the bytes (trace and span ids; any digest).
+std::string to_hex(const std::uint8_t* bytes, std::size_t size);
+
 // The event's traceparent header (the name in any case; the first one), parsed. Reads
 // event.headers, which the loop fills before publishing.
 std::optional<TraceParent> event_trace_parent(const Event& event);

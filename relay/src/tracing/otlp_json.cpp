@@ -52,16 +52,6 @@ std::string hex(const std::array<std::uint8_t, N>& id) {
 
 }  // namespace
 
-std::string to_hex(const std::uint8_t* bytes, std::size_t size) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(size * 2, '0');
-  for (std::size_t i = 0; i < size; ++i) {
-    out[2 * i] = kDigits[bytes[i] >> 4];
-    out[2 * i + 1] = kDigits[bytes[i] & 0x0f];
-  }
-  return out;
-}
-
 nlohmann::json encode_spans(const std::vector<SendSpan>& spans, const Resource& resource, const RandomBits& random) {
   nlohmann::json out = nlohmann::json::array();
   for (const SendSpan& s : spans) {

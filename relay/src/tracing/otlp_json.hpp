@@ -29,9 +29,6 @@ using RandomBits = std::function<std::uint64_t()>;
 // .name ("send"), outbox.sink, outbox.attempt and outbox.claim_delay_ms (docs/operations.md).
 nlohmann::json encode_spans(const std::vector<SendSpan>& spans, const Resource& resource, const RandomBits& random);
 
-// Lower-case hex of the bytes.
-std::string to_hex(const std::uint8_t* bytes, std::size_t size);
-
 // The URL spans are POSTed to: tracing.otlp_endpoint as written, with /v1/traces appended when it
 // names no path (as OTEL_EXPORTER_OTLP_ENDPOINT does): "http://c:4318" -> "http://c:4318/v1/traces".
 std::string traces_url(const std::string& endpoint);

@@ -6,6 +6,8 @@
 #include <array>
 #include <stdexcept>
 
+#include "core/tracing.hpp"
+
 namespace outbox::sinks::webhook {
 namespace {
 
@@ -96,13 +98,7 @@ std::string batch_message_id(std::span<const std::int64_t> ids) {
   if (EVP_Digest(text.data(), text.size(), digest.data(), &length, EVP_sha256(), nullptr) != 1) {
     throw std::runtime_error("SHA-256 failed in OpenSSL");  // only on allocation failure
   }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "batch_";
-  for (unsigned int i = 0; i < 16; ++i) {
-    out += kHex[digest[i] >> 4];
-    out += kHex[digest[i] & 0xf];
-  }
-  return out;
+  return "batch_" + to_hex(digest.data(), 16);
 }
 
 std::string hmac_sha256(std::string_view key, std::string_view message) {
