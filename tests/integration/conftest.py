@@ -358,12 +358,18 @@ class Writers:
         self.errors = []
         self.inserted = 0
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         self.threads = [threading.Thread(target=self._run, args=(w,), daemon=True) for w in range(count)]
 
     def start(self):
         for t in self.threads:
             t.start()
         return self
+
+    def stop(self):
+        """Ends every writer after its current transaction; per_writer is then only a cap."""
+        self._stop.set()
+        return self.join()
 
     def join(self, timeout=300):
         for t in self.threads:
@@ -376,7 +382,7 @@ class Writers:
         rnd = random.Random(w)
         done = 0
         conn = None
-        while done < self.per_writer:
+        while done < self.per_writer and not self._stop.is_set():
             try:
                 if conn is None:
                     conn = self.db.connect()
