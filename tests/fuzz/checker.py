@@ -23,7 +23,8 @@ Rules:
   released no earlier than that (the time includes the retry's allowance). An event
   whose epoch was truncated before it was due is not demanded;
 - a row is dead-lettered only when an attempt at it failed and its key is a poison key (an
-  operator's constraint refuses its retry: the failed attempt cannot be recorded); such a row is not
+  operator's constraint refuses its retry: the failed attempt cannot be recorded), or when the
+  webhook receiver refused it (a 422 to a request that carried it alone); such a row is not
   demanded, but its first attempt is due by its deadline as a delivery would be, and its key's
   later events follow it as if it had been retried. A key of any length
   is retried (schema 13).
@@ -76,7 +77,7 @@ def retry_allowance(failed_attempts: int) -> float:
 
 def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines=(), shrunk=(),
           table_uids=None, max_pairs_per_key=5, lanes=None, failures=None, dead=None,
-          readings=None, holds=None, no_duplicates=False):
+          readings=None, holds=None, no_duplicates=False, refused=None):
     """lines: the tailer's SinkLines. table_uids (final): {uid: id} of the main table's rows now.
     failures: {uid: [monotonic times of failed attempts]}; dead: {uid: last_error} of the rows
     dead-lettered so far. readings: the relays' readings of the writers (harness.Reading; None:
@@ -84,7 +85,8 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
     holds: {uid: (monotonic time, why)}: the sink could not take the row before that time (its Kafka
     topic did not exist yet, plus the retry's allowance; INF: not yet created), so it is released
     no earlier; such a row may have failed attempts (a dead letter of a poison key is accepted).
-    no_duplicates (kafka-eos): a uid delivered twice is a violation."""
+    no_duplicates (kafka-eos): a uid delivered twice is a violation. refused: the uids the webhook
+    receiver refused alone (their refusals are in failures): their dead letters are accepted."""
     res = Result()
     V = res.violations
     txns, rows, windows, truncates = ledger.snapshot()
@@ -150,14 +152,14 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         return False
 
     crow = [r for r in rows.values() if r.txn.db == "main" and r.txn.end is not None and committed(r)]
-    failures, dead, holds = failures or {}, dead or {}, holds or {}
+    failures, dead, holds, refused = failures or {}, dead or {}, holds or {}, refused or set()
     dead_ok = set()
     for uid, why in dead.items():
         r = rows.get(uid)
         if r is None:
             V.append(Violation("unknown_delivered", f"dead-lettered uid {uid!r}: the fuzzer wrote no such row",
                                sig=("unknown_dead", uid)))
-        elif (failures.get(uid) or uid in holds) and r.key.startswith(POISON_PREFIX):
+        elif (failures.get(uid) or uid in holds) and (r.key.startswith(POISON_PREFIX) or uid in refused):
             dead_ok.add(uid)
         else:
             V.append(Violation("dead_lettered", f"uid {uid} (key {_short(r.key)!r}, {len(r.key.encode())} bytes, id {r.id}, "
@@ -503,7 +505,8 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         "events_delivered": sum(1 for uid in occ if rows[uid].outcome != "foreign"),
         "attempts_failed": sum(len(x) for x in failures.values()),
         "held_by_sink": sum(1 for r in crow if r.uid in holds),
-        "dead_lettered": len(dead), "dead_lettered_poison_key": len(dead_ok),
+        "dead_lettered": len(dead), "dead_lettered_poison_key": len(dead_ok - refused),
+        "dead_lettered_refused": len(dead_ok & refused),
         "long_keys_delivered": sum(1 for uid in occ if len(rows[uid].key.encode()) > 2704),
         "long_keys_retried": sum(1 for uid in occ if len(rows[uid].key.encode()) > 2704 and failures.get(uid)),
         "lines": len(lines),

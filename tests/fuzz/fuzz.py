@@ -39,8 +39,8 @@ from writers import BEHAVIOURS, SETUP_SQL, TOPICS, LateTopics, Shared, Writer  #
 
 CHAOS = {"relay_kill": 4, "relay_stop": 4, "pg_restart": 2, "relay_reload": 2, "kafka_restart": 2}
 SINK_CHAOS = {"kafka_restart": ("kafka", "kafka-eos")}  # chaos that needs one of those sink modes
-SINK_MODES = {"webhook": 5, "mixed": 4, "file": 1}
-EVENTS_PER_REQUEST = (1, 1, 4, 50)                        # a webhook relay's events_per_request, drawn      # name -> weight when picked from the seed
+SINK_MODES = {"webhook": 5, "mixed": 4, "file": 1}      # name -> weight when picked from the seed
+EVENTS_PER_REQUEST = (1, 1, 4, 50)                      # a webhook relay's events_per_request, drawn
 OTHER_SINK_MODES = ["kafka", "kafka-eos"]
 # The share of seeds that pick a kafka mode when --sinks is not given: a draw of its own
 # (random.Random of "<seed>:kafka"), so a seed that does not pick it picks the same mode as before
@@ -97,6 +97,9 @@ def parse_args(argv=None):
                    help="switch a behaviour off (repeatable; also relay_kill, relay_stop, pg_restart)")
     p.add_argument("--only", default=None, metavar="NAMES",
                    help="comma-separated behaviours (and chaos kinds) to run, every other one off")
+    p.add_argument("--events-per-request", type=int, default=None, metavar="N",
+                   help="every webhook relay's events_per_request (default: drawn from the seed, one of "
+                        f"{', '.join(map(str, sorted(set(EVENTS_PER_REQUEST))))})")
     p.add_argument("--latency", type=float, default=2.0, help="delivery budget in seconds (default 2)")
     p.add_argument("--grace", type=float, default=30.0, help="max seconds to let the relays drain at the end")
     p.add_argument("--chaos-every", default="3-10", help="seconds between chaos events, A-B (default 3-10)")
@@ -132,7 +135,8 @@ def pick_range(text, rng):
 
 class Chaos:
     """Kills (SIGKILL) and restarts relays, stops them (SIGSTOP) for 0.5-3 s, restarts Postgres,
-    reloads a relay's config (SIGHUP) with another batch_size."""
+    reloads a relay's config (SIGHUP) with another batch_size (and, for a webhook relay, an
+    events_per_request drawn again: a changed sink is rebuilt between two batches)."""
 
     def __init__(self, fz, rng, enabled, every):
         self.fz, self.rng, self.enabled = fz, rng, enabled
@@ -273,9 +277,15 @@ class Chaos:
         if slot is None:
             return
         size = self.rng.choice([50, 100, 250, 500, 1000])
-        w = self.fz.ledger.window("relay_reload", f"relay{slot.index} SIGHUP, batch_size {size}")
+        per_request = None
+        if slot.sink == "webhook" and not self.fz.args.events_per_request:
+            # A draw of its own (the chaos draws of a seed stay what they were).
+            draw = random.Random(f"{self.fz.seed}:reload:{self.counts['relay_reload']}")
+            per_request = draw.choice(EVENTS_PER_REQUEST)
+        w = self.fz.ledger.window("relay_reload", f"relay{slot.index} SIGHUP, batch_size {size}" + (
+            f", events_per_request {per_request}" if per_request else ""))
         started = mono()
-        slot.reload(size)
+        slot.reload(size, per_request)
         deadline = started + 10.0
         seen = None
         while seen is None and mono() < deadline and slot.alive():
@@ -399,7 +409,8 @@ class Fuzz:
         # Several events a request for some webhook relays; a draw of its own, so that the other
         # draws of a seed stay what they were.
         per_request_draw = random.Random(f"{self.seed}:events_per_request")
-        self.per_request = [per_request_draw.choice(EVENTS_PER_REQUEST) if hook else None for hook in hooks]
+        self.per_request = [(a.events_per_request or per_request_draw.choice(EVENTS_PER_REQUEST)) if hook else None
+                            for hook in hooks]
         kafka = None
         if self.sink_mode in ("kafka", "kafka-eos"):
             kafka = self.setup_kafka(eos=self.sink_mode == "kafka-eos")
@@ -575,7 +586,7 @@ class Fuzz:
         self.read_dead_letters()
         now = self.tailer.horizon()
         lines, _ = self.tailer.snapshot()
-        failures, bad = self.receiver.snapshot() if self.receiver else ({}, [])
+        failures, bad, refused = self.receiver.snapshot() if self.receiver else ({}, [], set())
         holds = {}
         if self.reader is not None:
             holds, failures = self.kafka_holds()
@@ -583,7 +594,7 @@ class Fuzz:
         res = check(self.ledger, lines, now, budget=self.args.latency, final=final, relay_exits=self.relay_exits,
                     bad_lines=list(self.tailer.bad_lines) + bad, shrunk=self.tailer.shrunk(), table_uids=table_uids,
                     lanes=lanes, failures=failures, dead=self.dead, readings=self.tailer.readings_snapshot(),
-                    holds=holds, no_duplicates=self.sink_mode == "kafka-eos")
+                    holds=holds, no_duplicates=self.sink_mode == "kafka-eos", refused=refused)
         chaos_v = []
         if self.chaos:
             from checker import Violation
@@ -840,7 +851,8 @@ class Fuzz:
               f"({st['lines']} lines, {st['duplicates']} duplicates); epochs {st['epochs']}; "
               f"{'rows a broker restart or a late topic may have failed' if self.reader else 'failed webhook attempts'} "
               f"{st['attempts_failed']}; dead-lettered {st['dead_lettered']} (poison keys: "
-              f"{st['dead_lettered_poison_key']}); events of keys over 2,704 bytes delivered "
+              f"{st['dead_lettered_poison_key']}; refused by the receiver: {st['dead_lettered_refused']}"
+              f"{f', {self.receiver.batches_refused} requests of several refused' if self.receiver else ''}); events of keys over 2,704 bytes delivered "
               f"{st['long_keys_delivered']} ({st['long_keys_retried']} after a failed attempt)")
         if self.reader is not None:
             print(f"fuzz: kafka: records read {self.reader.records}; late topics created {len(self.topic_ready)} "

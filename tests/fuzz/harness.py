@@ -157,10 +157,13 @@ class RelaySlot:
             self._log.close()
             self._log = None
 
-    def reload(self, batch_size: int):
-        """Rewrites the config file with another batch_size and sends SIGHUP (the relay re-reads it
-        without a restart; its sink is unchanged, so it keeps it)."""
+    def reload(self, batch_size: int, events_per_request: int | None = None):
+        """Rewrites the config file with another batch_size (and a webhook's events_per_request) and
+        sends SIGHUP: the relay re-reads it without a restart, keeps its sink when the sink's entry
+        is unchanged and rebuilds it otherwise (between two batches, the old one flushed first)."""
         self.config["relay"]["batch_size"] = batch_size
+        if events_per_request is not None and self.sink == "webhook":
+            self.config["sinks"][0]["events_per_request"] = events_per_request
         self.config_path.write_text(json.dumps(self.config, indent=2))
         if self.alive():
             self.proc.send_signal(signal.SIGHUP)
@@ -406,6 +409,11 @@ class Receiver:
     (events_per_request) fails whole when any of its events' attempts fails (a key is at most once
     in a request), and its lines are recorded in body order.
 
+    It also refuses some events for good, as a receiver that validates what it is sent: every
+    request that carries one of them is answered 422, a request of several too (the relay must then
+    send each of its events again alone, deliver the others, and dead-letter only the refused one;
+    its key's later events go on). `refuse_rate` of the uids, by a hash of the seed and the uid.
+
     Which attempts fail: the attempt number of a uid (counted over every relay) and a hash of the
     seed and the uid decide it: `fail_rate` of first attempts, `often_rate` for keys longer than
     `long_bytes` (retried as any other since schema 13; before it their failed attempt could not be
@@ -413,13 +421,17 @@ class Receiver:
     dead-letter the row and let the key's later events go), and a few second attempts; never a
     third, so that every event gets through."""
 
-    def __init__(self, tailer: "Tailer", seed: int, fail_rate=0.03, often_rate=0.5, long_bytes=2704):
+    def __init__(self, tailer: "Tailer", seed: int, fail_rate=0.03, often_rate=0.5, long_bytes=2704,
+                 refuse_rate=0.005):
         self.tailer = tailer
         self.seed = seed
         self.fail_rate, self.often_rate, self.long_bytes = fail_rate, often_rate, long_bytes
+        self.refuse_rate = refuse_rate
         self.lock = threading.Lock()
         self.attempts = {}        # uid -> attempts so far
-        self.failures = {}        # uid -> [monotonic time of each 503]
+        self.failures = {}        # uid -> [monotonic time of each 503, and of each 422 of a refused uid]
+        self.refused = set()      # uids answered 422 in a request of their own: the relay dead-letters them
+        self.batches_refused = 0  # requests of several answered 422
         self.attempts_log = {}    # uid -> [(arrival, answered, relay path, status)], for the report
         self.counts = {}          # file name -> lines so far
         self.in_flight = {}       # request serial -> arrival time
@@ -473,6 +485,9 @@ class Receiver:
         often = len(key.encode()) > self.long_bytes or key.startswith(POISON_PREFIX)
         return h < (self.often_rate if often else self.fail_rate)
 
+    def _refuses(self, uid) -> bool:
+        return random.Random(f"{self.seed}:{uid}:refuse").random() < self.refuse_rate
+
     def _handle(self, h):
         arrived = mono()
         with self.lock:
@@ -492,14 +507,22 @@ class Receiver:
             fail = False
             with self.lock:
                 uids = [rec["payload"].get("uid") if isinstance(rec["payload"], dict) else None for rec in recs]
+                refusing = [uid for uid in uids if uid is not None and self._refuses(uid)]
                 for uid, rec in zip(uids, recs):
                     attempt = self.attempts.get(uid, 0) + 1
                     self.attempts[uid] = attempt
                     fail = (uid is not None and self._fails(uid, attempt, rec["key"])) or fail
+                status = 422 if refusing else 503 if fail else 200
                 for uid in uids:
-                    if fail:
+                    if status == 503 or uid in refusing:
                         self.failures.setdefault(uid, []).append(mono())
-                    self.attempts_log.setdefault(uid, []).append((arrived, mono(), name, 503 if fail else 200))
+                    self.attempts_log.setdefault(uid, []).append((arrived, mono(), name, status))
+                if refusing and len(uids) == 1:
+                    self.refused.add(uids[0])
+                self.batches_refused += bool(refusing) and len(uids) > 1
+            if status == 422:
+                self._answer(h, 422, b"fuzz: this event is refused")
+                return
             if fail:
                 self._answer(h, 503, b"fuzz: this attempt fails")
                 return
@@ -541,8 +564,9 @@ class Receiver:
             pass     # the relay was killed mid-request
 
     def snapshot(self):
+        """Failed attempts by uid, unreadable requests, and the uids refused alone."""
         with self.lock:
-            return {u: list(t) for u, t in self.failures.items()}, list(self.bad)
+            return {u: list(t) for u, t in self.failures.items()}, list(self.bad), set(self.refused)
 
 
 # ---------------------------------------------------------------------------------------------

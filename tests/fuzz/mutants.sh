@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Shows that the fuzzer can fail: builds the relay with one of the seven holes of issue 42 put back
 # (a mutant: a few lines of the source or of schema/010 undone, the schema being compiled into the
-# binary), or the kafka sink's rule 4 taken out (kafka-rule4: a key's events of one batch sent to
-# several topics, which Kafka does not order against each other; run with --sinks kafka), and runs
+# binary), the kafka sink's rule 4 taken out (kafka-rule4: a key's events of one batch sent to
+# several topics, which Kafka does not order against each other; run with --sinks kafka), or the
+# webhook sink's split of a refused request taken out (webhook-split: a 4xx to a request of several
+# events dead-letters them all; run with --sinks webhook --events-per-request 50), and runs
 # tests/fuzz/fuzz.py against it, which must report a violation.
 #
 #   tests/fuzz/mutants.sh HOLE [fuzz.py options]     HOLE: one of the names below, or all
@@ -14,7 +16,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 hole=${1:?usage: mutants.sh HOLE|all [fuzz.py options]}
 shift
-holes=(cache fastpath locked database prepared restart longkey kafka-rule4)
+holes=(cache fastpath locked database prepared restart longkey kafka-rule4 webhook-split)
 python=${OUTBOX_VENV:-$HOME/.cache/outbox-relay/venv}/bin/python
 
 # Replaces $2 by $3 in file $1 (fixed strings); fails if $2 is not there (the mutant would be void).
@@ -66,6 +68,9 @@ mutate() {
         const auto [first, inserted] = topic_of_key.try_emplace(event.key, topic);" \
         "      if (false) {
         const auto [first, inserted] = topic_of_key.try_emplace(event.key, topic);" ;;
+    webhook-split)  # the webhook sink: a refused request of several is not sent again event by event
+      swap "$dir/relay/src/sinks/webhook/webhook_sink.cpp" \
+        "if (outcome.kind == OutcomeKind::kPermanent && t.indices.size() > 1) {" "if (false) {" ;;
     *) echo "mutants.sh: unknown hole $name (one of: ${holes[*]})" >&2; exit 2 ;;
   esac
 }
@@ -82,7 +87,10 @@ run_one() {
     || { tail -20 "$dir/build.log"; exit 1; }
   echo "== mutant $name: fuzzing"
   local start rc=0 extra=()
-  case "$name" in kafka-*) extra=(--sinks kafka) ;; esac
+  case "$name" in
+    kafka-*) extra=(--sinks kafka) ;;
+    webhook-*) extra=(--sinks webhook --events-per-request 50) ;;
+  esac
   start=$(date +%s)
   "$python" "$root/tests/fuzz/fuzz.py" --relay-bin "$dir/build/bin/outbox-relay" "${extra[@]}" "$@" > "$dir/fuzz.log" 2>&1 || rc=$?
   local took=$(($(date +%s) - start))

@@ -168,6 +168,25 @@ def test_a_dead_letter_without_a_failure_or_of_another_key_is_a_violation():
     assert kinds(res) == ["dead_lettered", "dead_lettered", "dead_lettered"]
 
 
+def test_a_row_the_receiver_refused_alone_may_be_dead_lettered_and_only_it():
+    L = Ledger()
+    a = row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 1.1, 1.2), "b", "K", 2)
+    c = row(L, txn(L, "x", 0.0, 1.0), "c", "L", 3)
+    dead = {"a": "permanent: HTTP 422: fuzz: this event is refused"}
+    # a refused in a request with c (1.05), then alone (1.1): dead-lettered; its key goes on.
+    res = check(L, [line(c, "f0", 0, 1.15, 1.16), line(b, "f0", 1, 1.3, 1.31)], now=10.0,
+                failures={"a": [1.05, 1.1]}, dead=dead, refused={"a"})
+    assert kinds(res) == []
+    assert res.stats["dead_lettered_refused"] == 1 and res.stats["dead_lettered_poison_key"] == 0
+    # c, refused only as a's co-passenger, dead-lettered too (a relay that did not split the
+    # request): a violation, and c is missing.
+    res = check(L, [line(b, "f0", 0, 1.3, 1.31)], now=10.0, final=True, failures={"a": [1.05, 1.1]},
+                dead={**dead, "c": dead["a"]}, refused={"a"})
+    assert kinds(res) == ["dead_lettered", "missing"]
+    assert any(v.kind == "dead_lettered" and "uid c" in v.text for v in res.violations)
+
+
 def test_a_writer_that_began_in_a_stop_window_after_the_commit_holds_it_whatever_else_did():
     L = Ledger()
     hold = txn(L, "tx_hold", 0.5, 3.0)              # open at a's commit, ends after the stop's release
