@@ -53,7 +53,11 @@ std::string claimable_rows(const std::string& owner, const std::string& lanes) {
 // retry index, but it put the same soak's commit-to-sink p99 at 98-204 ms a window against 10-17
 // ms without it, so it is not set.)
 // The poll's two forms share the walk (v, w) and the choice of rows ({choice}: claimable, above
-// $4 and up to the walk's bound, schema 7's head-of-line rule).
+// $4 and up to the walk's bound, schema 7's head-of-line rule). The head-of-line look is a range
+// of (hash of the key, id) pairs, as in schema 14's claim function: only the retry index can read
+// it in order, so a plan made on an empty table cannot take the pending index instead (with the
+// key's equality as its bound, schema 13's form, that plan walked the pending index from its start
+// for every event chosen while a retry waited).
 constexpr const char* kPollHead = R"sql(
 WITH v AS MATERIALIZED (
   SELECT coalesce(pg_catalog.pg_sequence_last_value({sequence}::pg_catalog.regclass), 0) AS last,
@@ -74,8 +78,9 @@ constexpr const char* kPollChoice = R"sql(
      AND (NOT EXISTS (SELECT 1 FROM {table} AS r
                        WHERE r.processed_at IS NULL AND r.dead_lettered_at IS NULL AND r.attempts > 0)
           OR (SELECT b.id FROM {table} AS b
-               WHERE pg_catalog.hashtextextended(b.aggregate_id, 0) = pg_catalog.hashtextextended(c.aggregate_id, 0)
-                 AND b.id < c.id AND b.aggregate_id = c.aggregate_id
+               WHERE (pg_catalog.hashtextextended(b.aggregate_id, 0), b.id) >= (pg_catalog.hashtextextended(c.aggregate_id, 0), 0)
+                 AND (pg_catalog.hashtextextended(b.aggregate_id, 0), b.id) < (pg_catalog.hashtextextended(c.aggregate_id, 0), c.id)
+                 AND b.aggregate_id = c.aggregate_id
                  AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL AND b.attempts > 0
                ORDER BY pg_catalog.hashtextextended(b.aggregate_id, 0), b.id LIMIT 1) IS NULL)
    ORDER BY c.id LIMIT $3)sql";

@@ -86,7 +86,7 @@ class PgStore final : public Store {
 
 // The schema version this relay runs on (schema/NNN_*.sql; migrations_test checks it is the last).
 // `run` refuses an older one: `migrate` first.
-inline constexpr int kSchemaVersion = 13;
+inline constexpr int kSchemaVersion = 14;
 
 // The table's schema is older than kSchemaVersion (or the table is not migrated). At start `run`
 // exits with this message; at a later connect the runner retries, /readyz says why.
