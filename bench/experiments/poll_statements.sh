@@ -4,7 +4,7 @@
 # pgbench -R 1000 -c 8 (single-row INSERTs) for 20 s, then pg_stat_statements (track = all: the
 # statements inside the claim function too) and pg_stat_user_functions. A throwaway cluster with
 # fsync on; the password travels in the environment only.
-#   bench/experiments/poll_statements.sh NAME=BINARY [NAME=BINARY ...]
+#   bench/experiments/poll_statements.sh NAME=BINARY [NAME=BINARY ...]   (NAME in lower case: a database name)
 #   e.g. main=/tmp/main/build-bench/bin/outbox-relay new=build-bench/bin/outbox-relay
 set -euo pipefail
 [ $# -ge 1 ] || { sed -n 2,8p "$0"; exit 2; }
@@ -12,7 +12,9 @@ export PATH=/usr/lib/postgresql/15/bin:$PATH
 root=$(cd "$(dirname "$0")/../.." && pwd)
 w=$(mktemp -d /tmp/outbox-poll-statements.XXXXXX)
 chmod 755 "$w"
-trap '"$root/scripts/pg-cluster.sh" stop "$w/pg"; rm -rf "$w"' EXIT
+relay=
+# A relay left running would hold the caller's lock (flock) and reconnect for ever.
+trap '[ -n "$relay" ] && kill "$relay" 2> /dev/null; "$root/scripts/pg-cluster.sh" stop "$w/pg"; rm -rf "$w"' EXIT
 url=$(env -u PG_FAST "$root/scripts/pg-cluster.sh" start "$w/pg")
 cat >> "$w/pg/data/postgresql.conf" <<CONF
 shared_preload_libraries = 'pg_stat_statements'
@@ -56,7 +58,7 @@ for round in 1 2; do
              AND query NOT ILIKE '%pg_stat_statements%'
            ORDER BY total_exec_time DESC LIMIT 14" \
       -c "SELECT funcname, calls, round(self_time::numeric, 1) AS self_ms,
-                 round((self_time / calls * 1000)::numeric, 1) AS self_us_per_call FROM pg_stat_user_functions"
+                 round((self_time / nullif(calls, 0) * 1000)::numeric, 1) AS self_us_per_call FROM pg_stat_user_functions"
     kill "$relay"
     wait "$relay" || true
   done
