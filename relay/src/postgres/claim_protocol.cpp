@@ -78,8 +78,10 @@ constexpr const char* kPollChoice = R"sql(
      AND (NOT EXISTS (SELECT 1 FROM {table} AS r
                        WHERE r.processed_at IS NULL AND r.dead_lettered_at IS NULL AND r.attempts > 0)
           OR (SELECT b.id FROM {table} AS b
-               WHERE (pg_catalog.hashtextextended(b.aggregate_id, 0), b.id) >= (pg_catalog.hashtextextended(c.aggregate_id, 0), 0)
-                 AND (pg_catalog.hashtextextended(b.aggregate_id, 0), b.id) < (pg_catalog.hashtextextended(c.aggregate_id, 0), c.id)
+               WHERE (pg_catalog.hashtextextended(b.aggregate_id, 0), b.id)
+                     >= (pg_catalog.hashtextextended(c.aggregate_id, 0), 0)
+                 AND (pg_catalog.hashtextextended(b.aggregate_id, 0), b.id)
+                     < (pg_catalog.hashtextextended(c.aggregate_id, 0), c.id)
                  AND b.aggregate_id = c.aggregate_id
                  AND b.processed_at IS NULL AND b.dead_lettered_at IS NULL AND b.attempts > 0
                ORDER BY pg_catalog.hashtextextended(b.aggregate_id, 0), b.id LIMIT 1) IS NULL)
