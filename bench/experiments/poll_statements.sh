@@ -14,7 +14,7 @@ w=$(mktemp -d /tmp/outbox-poll-statements.XXXXXX)
 chmod 755 "$w"
 relay=
 # A relay left running would hold the caller's lock (flock) and reconnect for ever.
-trap '[ -n "$relay" ] && kill "$relay" 2> /dev/null; "$root/scripts/pg-cluster.sh" stop "$w/pg"; rm -rf "$w"' EXIT
+trap 'if [ -n "$relay" ]; then kill "$relay" 2> /dev/null || true; fi; "$root/scripts/pg-cluster.sh" stop "$w/pg"; rm -rf "$w"' EXIT
 url=$(env -u PG_FAST "$root/scripts/pg-cluster.sh" start "$w/pg")
 cat >> "$w/pg/data/postgresql.conf" <<CONF
 shared_preload_libraries = 'pg_stat_statements'
