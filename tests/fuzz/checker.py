@@ -165,6 +165,15 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
             V.append(Violation("dead_lettered", f"uid {uid} (key {_short(r.key)!r}, {len(r.key.encode())} bytes, id {r.id}, "
                                f"{r.behaviour}, {len(failures.get(uid, ()))} failed attempts) was dead-lettered: {why}",
                                uids=[uid], keys=[r.key], times=[r.txn.end] + failures.get(uid, [])))
+    # A dead letter that a TRUNCATE removed before the relay wrote it: once a refusal is final the
+    # relay sends the key's later events on, and writes the dead letter with the batch's outcomes
+    # (up to ~50 ms later); a TRUNCATE in between leaves no trace of it (seed 881011462: refused at
+    # 19.364, its key's next event delivered at 19.412, the table truncated before the outcome).
+    truncated_at = {tr.epoch_before: tr.start for tr in truncates}
+    for uid in refused - dead.keys():
+        r, f = rows.get(uid), failures.get(uid)
+        if r is not None and f and truncated_at.get(r.epoch, -INF) > f[-1]:
+            dead_ok.add(uid)
     if table_uids is not None:
         for r in crow:
             if r.id is None and r.uid in table_uids:
@@ -345,7 +354,6 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         apply_windows()
         head_of_line()
 
-    trunc_start = {tr.epoch_before: tr.start for tr in truncates}
     deadline = {uid: x + budget for uid, x in rel.items()}
     res.deadline, res.release_reason = deadline, reason
 
@@ -368,7 +376,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         d = deadline[r.uid]
         if d == INF:
             continue
-        cut = trunc_start.get(r.epoch)
+        cut = truncated_at.get(r.epoch)
         if cut is not None and d >= cut:
             continue     # its epoch was truncated before it was due: not demanded
         if r.uid in dead_ok:
@@ -499,7 +507,7 @@ def check(ledger, lines, now, budget=2.0, final=False, relay_exits=(), bad_lines
         "events_written": len(rows),
         "events_committed": len(crow),
         "events_demanded": sum(1 for r in crow if deadline[r.uid] != INF and r.uid not in dead_ok and not (
-            trunc_start.get(r.epoch) is not None and deadline[r.uid] >= trunc_start[r.epoch])),
+            truncated_at.get(r.epoch) is not None and deadline[r.uid] >= truncated_at[r.epoch])),
         "events_rolled_back": sum(1 for r in rows.values() if r.outcome == "rolled_back"),
         "events_other_db": sum(1 for r in rows.values() if r.outcome == "foreign"),
         "events_delivered": sum(1 for uid in occ if rows[uid].outcome != "foreign"),

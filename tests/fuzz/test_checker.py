@@ -187,6 +187,22 @@ def test_a_row_the_receiver_refused_alone_may_be_dead_lettered_and_only_it():
     assert any(v.kind == "dead_lettered" and "uid c" in v.text for v in res.violations)
 
 
+def test_a_refused_row_whose_dead_letter_a_truncate_removed_lets_its_key_go_on():
+    # a refused alone at 1.1, its key's b delivered at 1.3, the table truncated at 1.35 before the
+    # relay wrote a's dead letter: no dead letter is left to read, and b's order is fine.
+    L = Ledger()
+    row(L, txn(L, "x", 0.0, 1.0), "a", "K", 1)
+    b = row(L, txn(L, "x", 0.0, 1.0), "b", "K", 2)
+    lines = [line(b, "f0", 0, 1.3, 1.31)]
+    L.truncates.append(Truncate(1.35, 1.4, 0))
+    assert kinds(check(L, lines, now=10.0, failures={"a": [1.05, 1.1]}, refused={"a"})) == []
+    # Truncated before the refusal, or not refused alone: b went before a, which is not accounted for.
+    L.truncates[0] = Truncate(1.08, 1.09, 0)
+    assert kinds(check(L, lines, now=10.0, failures={"a": [1.05, 1.1]}, refused={"a"})) == ["order"]
+    L.truncates[0] = Truncate(1.35, 1.4, 0)
+    assert kinds(check(L, lines, now=10.0, failures={"a": [1.05, 1.1]}, refused=set())) == ["order"]
+
+
 def test_a_writer_that_began_in_a_stop_window_after_the_commit_holds_it_whatever_else_did():
     L = Ledger()
     hold = txn(L, "tx_hold", 0.5, 3.0)              # open at a's commit, ends after the stop's release
