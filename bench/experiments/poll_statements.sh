@@ -30,6 +30,17 @@ cat > "$w/insert.sql" <<'SQL'
 \set o random(1, 10000000)
 INSERT INTO outbox_events (topic, aggregate_id, payload) VALUES ('order.paid', 'k' || :k, ('{"order_id": ' || :o || ', "amount_cents": 1999, "currency": "EUR", "customer": "c-00042", "status": "paid"}')::jsonb);
 SQL
+# "name ticks" lines: the relay process's CPU (user + system, clock ticks), then each of its
+# Postgres sessions' (application_name:pid, spaces as underscores).
+session_cpu() {
+  local ticks pid app
+  echo "relay $(awk '{ print $14 + $15 }' "/proc/$2/stat")"
+  psql -X -At -d "$1" -F ' ' -c "SELECT pid, replace(application_name, ' ', '_') FROM pg_stat_activity
+                                   WHERE application_name LIKE 'outbox-relay %'" |
+    while read -r pid app; do
+      ticks=$(awk '{ print $14 + $15 }' "/proc/$pid/stat" 2> /dev/null) && echo "$app:$pid $ticks"
+    done
+}
 for round in 1 2; do
   for spec in "$@"; do
     name=${spec%%=*}
@@ -46,9 +57,15 @@ for round in 1 2; do
     unset DATABASE_URL
     sleep 3
     psql -X -q -d "$db" -c "SELECT pg_stat_statements_reset()" -c "SELECT pg_stat_reset()" > /dev/null
+    cpu_before=$(session_cpu "$db" "$relay")
     pgbench -n -M prepared -R 1000 -c 8 -j 2 -T 20 -f "$w/insert.sql" "$db" > "$w/$db.pgbench" 2>&1
     sleep 1
-    echo "== $name, round $round: $(grep -c . "$w/$db.jsonl") events in the sink"
+    cpu_after=$(session_cpu "$db" "$relay")
+    events=$(grep -c . "$w/$db.jsonl")
+    echo "== $name, round $round: CPU us an event (relay process, then each of its sessions):"
+    join <(echo "$cpu_before" | sort) <(echo "$cpu_after" | sort) |
+      awk -v n="$events" -v hz="$(getconf CLK_TCK)" '{ printf "   %-28s %7.1f\n", $1, ($3 - $2) * 1e6 / hz / n }'
+    echo "== $name, round $round: $events events in the sink"
     psql -X -d "$db" \
       -c "SELECT calls, round(total_exec_time::numeric, 1) AS total_ms,
                  round((total_exec_time / calls * 1000)::numeric, 1) AS us_per_call, toplevel AS top,
