@@ -52,7 +52,7 @@ std::string claimable_rows(const std::string& owner, const std::string& lanes) {
 // as a sort on such a table. enable_sort = off for the whole worker session would keep it on the
 // retry index, but it put the same soak's commit-to-sink p99 at 98-204 ms a window against 10-17
 // ms without it, so it is not set.)
-// The poll's two forms share the walk (v, w) and the choice of rows ({choice}: claimable, above
+// The poll's three forms share the walk (v, w) and the choice of rows ({choice}: claimable, above
 // $4 and up to the walk's bound, schema 7's head-of-line rule). The head-of-line look is a range
 // of (hash of the key, id) pairs, as in schema 14's claim function: only the retry index can read
 // it in order, so a plan made on an empty table cannot take the pending index instead (with the
@@ -90,11 +90,38 @@ constexpr const char* kPollChoice = R"sql(
 // The usual form: one scan that locks as it goes, NOWAIT. A row that another transaction holds
 // (FOR SHARE, FOR UPDATE, an operator's UPDATE) fails it with SQLSTATE 55P03, and the poll runs
 // the careful form instead (claim_lanes). FOR NO KEY UPDATE: a foreign key's check (FOR KEY SHARE)
-// holds nothing. The rows past the byte cut ({cut}) are locked and not returned; the bound stops
-// at the last row returned.
-constexpr const char* kPollAtOnce = R"sql(
+// holds nothing. No byte cut: the rows go out whole when they fit in $5, as 255 times their stored
+// sizes (a cheap bound: no compression method read) or else as the cut counts them ({bytes(x)});
+// when they do not, it answers nothing at all, not even the summary row, and the poll runs the form
+// that cuts (kPollCutting). The cut (the rows materialised, sorted again, summed by a window, and
+// counted for the summary) cost ~55 us of Postgres CPU a poll of 8 events at 1,000 events/s
+// (bench/RESULTS.md, "The lean poll without its byte cut").
+constexpr const char* kPollFitting = R"sql(
 l AS (
-  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done, {bytes}
+  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done
+    FROM {table} AS c{choice}
+     FOR NO KEY UPDATE OF c NOWAIT)
+SELECT u.* FROM (
+  SELECT s.id, s.topic, s.aggregate_id, s.payload::text, s.headers::text, NULL::text,
+         {created_us(s)}, s.attempts, s.sinks_done,
+         NULL::int8, NULL::int8, NULL::int8[]
+    FROM l AS s
+  UNION ALL
+  SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last, ARRAY[w.bound]
+    FROM w) AS u
+ WHERE $5::int8 IS NULL
+    OR (SELECT 255 * coalesce(sum(octet_length(x.topic) + octet_length(x.aggregate_id)
+                                  + pg_column_size(x.headers)::int8 + pg_column_size(x.payload)), 0)
+          FROM l AS x) <= $5::int8
+    OR (SELECT coalesce(sum({bytes(x)}), 0) FROM l AS x) <= $5::int8)sql";
+
+// The form that cuts, when the rows chosen do not fit (kPollFitting answered nothing): as that
+// one, and the rows past the byte cut ({cut}) are locked and not returned; the bound stops at the
+// last row returned.
+constexpr const char* kPollCutting = R"sql(
+l AS (
+  SELECT c.id, c.topic, c.aggregate_id, c.payload, c.headers, c.created_at, c.attempts, c.sinks_done,
+         {bytes(c)} AS bytes
     FROM {table} AS c{choice}
      FOR NO KEY UPDATE OF c NOWAIT),
 {cut(l, s)}
@@ -113,7 +140,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last,
 // above it, the lane's bound below it), and the next claim looks from it again.
 constexpr const char* kPollSkipping = R"sql(
 candidates AS MATERIALIZED (
-  SELECT c.id, c.lane::smallint AS lane, {bytes}
+  SELECT c.id, c.lane::smallint AS lane, {bytes(c)} AS bytes
     FROM {table} AS c{choice}),
 {cut(candidates, chosen)},
 locked AS MATERIALIZED (
@@ -148,15 +175,16 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, w.bound, w.last,
                     FROM generate_series(0, 63) AS g(n)) END
   FROM w)sql";
 
-// An event's bytes, as schema 12's claim counts them: its topic's and key's lengths, its headers
-// and payload as stored, a compressed value times the most its method can stand for (pglz 88, lz4
-// 255), so that the bound holds whatever the payload without fetching or decompressing anything.
+// An event's bytes (table alias @), as schema 12's claim counts them: its topic's and key's
+// lengths, its headers and payload as stored, a compressed value times the most its method can
+// stand for (pglz 88, lz4 255), so that the bound holds whatever the payload without fetching or
+// decompressing anything.
 constexpr const char* kEventBytes =
-    "(octet_length(c.topic) + octet_length(c.aggregate_id) "
-    "+ pg_column_size(c.headers)::int8 * CASE pg_column_compression(c.headers) "
+    "(octet_length(@.topic) + octet_length(@.aggregate_id) "
+    "+ pg_column_size(@.headers)::int8 * CASE pg_column_compression(@.headers) "
     "WHEN 'pglz' THEN 88 WHEN 'lz4' THEN 255 ELSE 1 END "
-    "+ pg_column_size(c.payload)::int8 * CASE pg_column_compression(c.payload) "
-    "WHEN 'pglz' THEN 88 WHEN 'lz4' THEN 255 ELSE 1 END)::int8 AS bytes";
+    "+ pg_column_size(@.payload)::int8 * CASE pg_column_compression(@.payload) "
+    "WHEN 'pglz' THEN 88 WHEN 'lz4' THEN 255 ELSE 1 END)";
 
 // The byte cut (schema 12's, with $5 its bound: NULL for none): `to` is `from`'s rows, in id order,
 // while the bytes before each are under $5 (the first always goes).
@@ -179,11 +207,24 @@ std::string created_us(const char* alias) {
   return sql;
 }
 
-std::string lane_poll_sql(const std::string& table, const std::string& sequence_literal, bool skipping) {
-  std::string sql = std::string(kPollHead) + (skipping ? kPollSkipping : kPollAtOnce);
+// An event's bytes as kEventBytes counts them, for table alias `alias`.
+std::string event_bytes(const char* alias) {
+  std::string sql = kEventBytes;
+  replace_all(sql, "@", alias);
+  return sql;
+}
+
+// The lean poll's three forms, in the order a poll tries them.
+enum class PollForm { kFitting, kCutting, kSkipping };
+
+std::string lane_poll_sql(const std::string& table, const std::string& sequence_literal, PollForm form) {
+  std::string sql = std::string(kPollHead) + (form == PollForm::kFitting   ? kPollFitting
+                                              : form == PollForm::kCutting ? kPollCutting
+                                                                           : kPollSkipping);
   replace_all(sql, "{cut(l, s)}", byte_cut("l", "s"));
   replace_all(sql, "{cut(candidates, chosen)}", byte_cut("candidates", "chosen"));
-  replace_all(sql, "{bytes}", kEventBytes);
+  replace_all(sql, "{bytes(c)}", event_bytes("c"));
+  replace_all(sql, "{bytes(x)}", event_bytes("x"));
   replace_all(sql, "{created_us(s)}", created_us("s"));
   replace_all(sql, "{created_us(k)}", created_us("k"));
   replace_all(sql, "{choice}", kPollChoice);
@@ -323,8 +364,9 @@ void PgStore::Impl::prepare_statements(pqxx::connection& c) {
   c.prepare("claim_fn_lanes", "SELECT * FROM " + name +
                                   "($1, $2, $3::smallint[], $4, $5, $6, $7::bigint[], $8::jsonb, $9, $10, "
                                   "$11::bigint[], $12::bigint[], $13::timestamptz, $14::bigint)");
-  c.prepare("poll_lanes", lane_poll_sql(names.table, c.quote(sequence), false));
-  c.prepare("poll_lanes_skipping", lane_poll_sql(names.table, c.quote(sequence), true));
+  c.prepare("poll_lanes", lane_poll_sql(names.table, c.quote(sequence), PollForm::kFitting));
+  c.prepare("poll_lanes_cutting", lane_poll_sql(names.table, c.quote(sequence), PollForm::kCutting));
+  c.prepare("poll_lanes_skipping", lane_poll_sql(names.table, c.quote(sequence), PollForm::kSkipping));
   c.prepare("writers", "SELECT * FROM " + names.function("writers") + "()");
   // The committed events of held lanes above their bounds (the metrics' held events).
   c.prepare("held_count", "SELECT c.lane, count(*) FROM " + names.table +
@@ -480,13 +522,17 @@ std::vector<Event> PgStore::Impl::claim_lanes(std::size_t limit, bool probe, std
   };
   pqxx::result rows;
   if (lean) {
-    try {
-      rows = tx.exec_prepared("poll_lanes", opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved(),
+    const auto poll = [&](const char* form) {
+      return tx.exec_prepared(form, opt.instance_id, owned_literal, static_cast<int>(limit), lanes.resolved(),
                               max_bytes_arg);
+    };
+    try {
+      rows = poll("poll_lanes");
+      // No summary row: the rows chosen do not fit in the bytes, and the form that cuts them runs.
+      if (rows.empty()) rows = poll("poll_lanes_cutting");
     } catch (const pqxx::sql_error& e) {
       if (e.sqlstate() != "55P03") throw;  // lock_not_available: a row another transaction holds
-      rows = tx.exec_prepared("poll_lanes_skipping", opt.instance_id, owned_literal, static_cast<int>(limit),
-                              lanes.resolved(), max_bytes_arg);
+      rows = poll("poll_lanes_skipping");
     }
   } else {
     try {
